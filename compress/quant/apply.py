@@ -1,0 +1,83 @@
+"""quantize(model, config): choose the method, decide what is quantized, swap the modules.
+
+Only the Linears inside decoder layers are quantized; embeddings, norms and lm_head stay as
+they are (as AutoAWQ and llm-compressor do by default).
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from compress.errors import UserError
+from compress.model.arch import LAYER_LINEARS
+from compress.model.decoder import Decoder
+from compress.quant.config import QuantConfig
+from compress.quant.linear import PackedLinear
+from compress.quant.primitives import IntSpec
+
+GROUP_SIZES = (128, 64, 32)
+
+
+def layer_linears(block: nn.Module) -> dict[str, nn.Module]:
+    return {name: block.get_submodule(name) for name in LAYER_LINEARS}
+
+
+def quantized_linears(model: Decoder) -> dict[str, nn.Module]:
+    """Full name -> module of every Linear that quantization replaces."""
+    return {
+        f"model.layers.{i}.{name}": mod
+        for i, block in enumerate(model.model.layers)
+        for name, mod in layer_linears(block).items()
+    }
+
+
+def resolve_group_size(model: Decoder, requested: int | None) -> int:
+    """The requested group size if it divides every in_features, else the default rule."""
+    widths = {name: m.in_features for name, m in quantized_linears(model).items()}
+    sizes = sorted(set(widths.values()))
+    if requested is not None:
+        bad = sorted({f"{name.split('.')[-1]} (in_features {w})" for name, w in widths.items() if w % requested})
+        if bad:
+            fits = [g for g in (256, 128, 64, 32, 16) if all(w % g == 0 for w in sizes)]
+            raise UserError(
+                f"--group-size {requested} does not divide the input width of {', '.join(bad)}; "
+                f"group sizes that work: {', '.join(map(str, fits)) or 'none of 256..16'}"
+            )
+        return requested
+    for g in GROUP_SIZES:
+        if all(w % g == 0 for w in sizes):
+            if g != GROUP_SIZES[0]:
+                print(f"group size {g}: 128 does not divide the Linear input widths {sizes}")
+            return g
+    raise UserError(f"no group size of {GROUP_SIZES} divides the Linear input widths {sizes}; pass --group-size")
+
+
+def int_spec(model: Decoder, cfg: QuantConfig) -> IntSpec:
+    return IntSpec(cfg.bits, resolve_group_size(model, cfg.group_size), cfg.symmetric)
+
+
+def swap_linears(block: nn.Module, make: Callable[[str, nn.Linear], nn.Module]) -> None:
+    """Replace every Linear of one decoder layer with ``make(name, linear)`` (in place)."""
+    for name, linear in layer_linears(block).items():
+        parent, _, child = name.rpartition(".")
+        setattr(block.get_submodule(parent), child, make(name, linear))
+
+
+def quantize_block(block: nn.Module, spec: IntSpec, clips: dict[str, torch.Tensor] | None = None) -> None:
+    """Round every Linear of one decoder layer to ``spec`` (clipped where ``clips`` says)."""
+    clips = clips or {}
+    swap_linears(block, lambda name, lin: PackedLinear.from_float(lin, spec, clips.get(name)))
+
+
+def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None, verbose: bool = False) -> IntSpec:
+    """Quantize ``model`` in place with the method of ``cfg``; returns the spec it used."""
+    spec = int_spec(model, cfg)
+    if cfg.method == "rtn":
+        for block in model.model.layers:
+            quantize_block(block, spec)
+        return spec
+    from compress.quant.awq_apply import awq_quantize
+
+    awq_quantize(model, spec, cfg, calib, verbose)
+    return spec

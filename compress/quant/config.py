@@ -1,0 +1,46 @@
+"""QuantConfig: every knob of `compress quantize`, validated before any work starts."""
+
+from dataclasses import dataclass
+
+from compress.errors import UserError
+
+METHODS = ("awq", "rtn")
+FORMATS = ("compressed-tensors", "awq")
+
+
+@dataclass
+class QuantConfig:
+    method: str = "awq"
+    bits: int = 4
+    group_size: int | None = None  # None: 128 if it divides every quantized Linear, else 64 or 32
+    symmetric: bool = False
+    format: str = "compressed-tensors"
+    calib_data: str | None = None  # None: the C4 calibration file under $COMPRESS_DATA_DIR
+    calib_samples: int = 128
+    calib_seq_len: int = 512
+    seed: int = 0
+    grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}
+    clip_search: bool = True  # AWQ: search per-channel clipping after scaling
+
+    def __post_init__(self):
+        if self.method not in METHODS:
+            raise UserError(f"--method {self.method} is not one of {', '.join(METHODS)}")
+        if self.bits not in (3, 4):
+            raise UserError(f"--bits {self.bits} is not supported for {self.method}: use 4 or 3")
+        if self.format not in FORMATS:
+            raise UserError(f"--format {self.format} is not one of {', '.join(FORMATS)}")
+        if self.format == "awq" and (self.bits != 4 or self.symmetric):
+            raise UserError(
+                "--format awq (AutoAWQ GEMM) holds asymmetric 4-bit weights only; "
+                "use --format compressed-tensors for other bit widths and methods"
+            )
+        if self.group_size is not None and self.group_size <= 0:
+            raise UserError(f"--group-size must be positive, got {self.group_size}")
+        if self.calib_samples <= 0 or self.calib_seq_len <= 1:
+            raise UserError("--calib-samples must be > 0 and --calib-seq-len > 1")
+        if self.grid < 1:
+            raise UserError(f"grid must be at least 1, got {self.grid}")
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method != "rtn"

@@ -1,0 +1,49 @@
+"""Quantized Linear modules. Buffers are named as compressed-tensors names them on disk."""
+
+import torch
+from torch import nn
+
+from compress import kernels
+from compress.quant import packing
+from compress.quant.primitives import IntSpec, qparams, quantize
+
+
+class PackedLinear(nn.Module):
+    """Group-quantized int4/int3 weights in the pack-quantized layout (see packing.py).
+
+    weight_packed int32 [O, ceil(I*b/32)], weight_scale [O, I/g], weight_zero_point int32
+    [ceil(O*b/32), I/g] (absent when symmetric), weight_shape int64 [2] = (O, I).
+    """
+
+    def __init__(self, in_features: int, out_features: int, spec: IntSpec, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features, self.spec = in_features, out_features, spec
+        groups = in_features // spec.group_size
+        self.register_buffer("weight_packed", torch.zeros(out_features, packing.packed_width(in_features, spec.bits), dtype=torch.int32))
+        self.register_buffer("weight_scale", torch.zeros(out_features, groups, dtype=dtype))
+        zp = None if spec.symmetric else torch.zeros(packing.packed_width(out_features, spec.bits), groups, dtype=torch.int32)
+        self.register_buffer("weight_zero_point", zp)
+        self.register_buffer("weight_shape", torch.tensor([out_features, in_features]))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, spec: IntSpec, max_val: torch.Tensor | None = None) -> "PackedLinear":
+        w = linear.weight.detach()
+        new = cls(linear.in_features, linear.out_features, spec, linear.bias is not None, w.dtype)
+        scale, zero = qparams(w, spec, max_val)
+        new.weight_packed.copy_(packing.pack(quantize(w, scale, zero, spec), spec.bits))
+        new.weight_scale.copy_(scale)
+        if not spec.symmetric:
+            new.weight_zero_point.copy_(packing.pack_zero_points(zero, spec.bits))
+        if linear.bias is not None:
+            new.bias.data.copy_(linear.bias.detach())
+        return new.to(w.device)
+
+    def dequantized(self) -> torch.Tensor:
+        return kernels.dequantize_packed(self.weight_packed, self.weight_scale, self.weight_zero_point, self.spec.bits, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.dequant_matmul(x, self.weight_packed, self.weight_scale, self.weight_zero_point, self.spec.bits, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, bits={self.spec.bits}, group={self.spec.group_size}"

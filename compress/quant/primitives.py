@@ -1,0 +1,73 @@
+"""Pure tensor functions for integer group quantization. Imports only torch.
+
+Codes are unsigned, q in [0, 2^bits), and every format dequantizes as w = (q - z) * s with one
+scale s and zero point z per (output row, group of ``group_size`` input columns). Symmetric
+quantization is the case z = 2^(bits-1) for every group (stored formats then omit z).
+"""
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class IntSpec:
+    bits: int
+    group_size: int  # input columns per scale; in_features for one scale per output row
+    symmetric: bool = False
+
+    def __post_init__(self):
+        if self.bits not in (2, 3, 4, 8):
+            raise ValueError(f"bits must be 2, 3, 4 or 8, got {self.bits}")
+        if self.group_size <= 0:
+            raise ValueError(f"group_size must be positive, got {self.group_size}")
+
+    @property
+    def qmax(self) -> int:
+        return 2**self.bits - 1
+
+
+def grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[O, I] -> [O, I/g, g]."""
+    out, inp = w.shape
+    if inp % group_size:
+        raise ValueError(f"in_features {inp} is not a multiple of group_size {group_size}")
+    return w.reshape(out, inp // group_size, group_size)
+
+
+def qparams(w: torch.Tensor, spec: IntSpec, max_val: torch.Tensor | None = None):
+    """Scales and zero points [O, I/g] (fp32, int32) from the range of each group.
+
+    ``max_val`` [O, I/g] clips each group's range to [-max_val, max_val] (the AWQ clip search).
+    """
+    g = grouped(w.float(), spec.group_size)  # [O, G, g]
+    hi, lo = g.amax(-1), g.amin(-1)  # [O, G]
+    if max_val is not None:
+        hi, lo = torch.minimum(hi, max_val), torch.maximum(lo, -max_val)
+    if spec.symmetric:
+        half = 2 ** (spec.bits - 1)
+        scale = torch.maximum(hi.abs(), lo.abs()).clamp(min=1e-8) / (half - 1)
+        zero = torch.full_like(scale, half, dtype=torch.int32)
+    else:
+        scale = (hi - lo).clamp(min=1e-8) / spec.qmax
+        zero = torch.round(-lo / scale).clamp(0, spec.qmax).to(torch.int32)
+    return scale, zero
+
+
+def quantize(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec) -> torch.Tensor:
+    """[O, I] float -> [O, I] uint8 codes."""
+    g = grouped(w.float(), spec.group_size)
+    q = torch.round(g / scale[..., None]) + zero[..., None]
+    return q.clamp(0, spec.qmax).to(torch.uint8).reshape(w.shape)
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[O, I] codes -> [O, I] in scale's dtype."""
+    g = grouped(q, group_size).to(scale.dtype)
+    return ((g - zero[..., None].to(scale.dtype)) * scale[..., None]).reshape(q.shape)
+
+
+def pseudo_quantize(w: torch.Tensor, spec: IntSpec, max_val: torch.Tensor | None = None) -> torch.Tensor:
+    """Round trip w -> codes -> w in w's dtype: what the model computes with after quantization."""
+    scale, zero = qparams(w, spec, max_val)
+    return dequantize(quantize(w, scale, zero, spec), scale, zero, spec.group_size).to(w.dtype)
