@@ -84,4 +84,6 @@ def load_model(model_dir: Path, dtype: torch.dtype = torch.float32):
 def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
+    if not any((Path(model_dir) / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise UserError(f"{model_dir} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json); copy them from the source model")
     return AutoTokenizer.from_pretrained(str(model_dir))

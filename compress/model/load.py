@@ -98,11 +98,27 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
             (Path(dst) / name).write_bytes(f.read_bytes())
 
 
+GGUF_ARCHS = ("llama", "qwen2")  # GGUF names; Mistral and SmolLM2 files say "llama"
+
+
+def gguf_architecture(path: Path) -> str:
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(str(path)).fields["general.architecture"]
+    except (ValueError, KeyError, OSError) as e:
+        raise UserError(f"{path} is not a readable GGUF file ({e})") from e
+    return bytes(field.parts[field.data[0]]).decode()
+
+
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
     """Dequantize a Llama-family GGUF into an fp32 HF safetensors directory (+ tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
+    arch = gguf_architecture(gguf_path)
+    if arch not in GGUF_ARCHS:
+        raise UserError(f"{gguf_path} holds a '{arch}' model, not a Llama-family one (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
     kwargs = dict(gguf_file=gguf_path.name)
     try:
         hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)

@@ -21,6 +21,10 @@ class QuantConfig:
     seed: int = 0
     grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}
     clip_search: bool = True  # AWQ: search per-channel clipping after scaling
+    # The search losses are measured on a sample of the calibration set; the statistics
+    # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
+    search_sequences: int = 16
+    search_tokens: int = 8192
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -38,6 +42,8 @@ class QuantConfig:
             raise UserError(f"--group-size must be positive, got {self.group_size}")
         if self.calib_samples <= 0 or self.calib_seq_len <= 1:
             raise UserError("--calib-samples must be > 0 and --calib-seq-len > 1")
+        if self.search_sequences < 1 or self.search_tokens < 1:
+            raise UserError("search_sequences and search_tokens must be at least 1")
         if self.grid < 1:
             raise UserError(f"grid must be at least 1, got {self.grid}")
 

@@ -1,0 +1,148 @@
+"""Calibration: text -> token batches, and block-by-block activation capture.
+
+The searches see a model one decoder block at a time: embeddings run once, then each block
+gets its inputs, is searched and quantized, and its *quantized* outputs become the next
+block's inputs. This is the only module that moves blocks between devices, so only one block
+(plus its activations) needs to sit on the compute device at a time.
+"""
+
+import json
+import random
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from compress.data import data_file
+from compress.errors import UserError
+
+C4 = "c4/c4_validation_2k.jsonl"
+
+
+def read_texts(path: str | None) -> list[str]:
+    """Documents from .jsonl ("text" field), .txt (blank-line separated), or a local datasets dir/parquet."""
+    p = Path(path).expanduser() if path else data_file(C4)
+    if not p.exists():
+        raise UserError(f"calibration data {p} not found; give a .jsonl, .txt, .parquet or a saved datasets directory")
+    if p.suffix == ".jsonl":
+        return [json.loads(line)["text"] for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    if p.suffix == ".txt":
+        return [t for t in p.read_text(encoding="utf-8").split("\n\n") if t.strip()]
+    import datasets
+
+    ds = datasets.load_dataset("parquet", data_files=str(p), split="train") if p.suffix == ".parquet" else datasets.load_from_disk(str(p))
+    if isinstance(ds, datasets.DatasetDict):
+        ds = ds[next(iter(ds))]
+    if "text" not in ds.column_names:
+        raise UserError(f"calibration dataset {p} has no 'text' column (columns: {', '.join(ds.column_names)})")
+    return list(ds["text"])
+
+
+def calibration_tokens(tokenizer, cfg) -> torch.Tensor:
+    """[samples, seq_len] token ids: shuffled documents (seeded), concatenated, cut into rows."""
+    texts = read_texts(cfg.calib_data)
+    random.Random(cfg.seed).shuffle(texts)
+    need = cfg.calib_samples * cfg.calib_seq_len
+    ids: list[int] = []
+    for t in texts:
+        ids.extend(tokenizer(t, add_special_tokens=False).input_ids)
+        if len(ids) >= need:
+            break
+    if len(ids) < need:
+        raise UserError(
+            f"calibration text has {len(ids)} tokens, fewer than --calib-samples {cfg.calib_samples} "
+            f"x --calib-seq-len {cfg.calib_seq_len} = {need}; give more text or ask for fewer samples"
+        )
+    return torch.tensor(ids[:need]).view(cfg.calib_samples, cfg.calib_seq_len)
+
+
+def compute_device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@contextmanager
+def on_device(module: nn.Module, device: torch.device):
+    """Run ``module`` on ``device`` for the duration of the block, then put it back."""
+    home = next(module.parameters()).device
+    module.to(device)
+    try:
+        yield module
+    finally:
+        module.to(home)
+
+
+@torch.no_grad()
+def block_inputs(model, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Embeddings of the calibration tokens [N, T, C]: the first block's input."""
+    with on_device(model.model.embed_tokens, device) as emb:
+        return emb(tokens.to(device))
+
+
+@torch.no_grad()
+def run_block(block: nn.Module, x: torch.Tensor, batch: int = 16) -> torch.Tensor:
+    """x [N, T, C] -> block(x) [N, T, C], ``batch`` sequences at a time."""
+    return torch.cat([block(chunk) for chunk in x.split(batch)])
+
+
+class InputRecorder:
+    """Hooks on named sub-modules: mean |input| per channel over every token, and kept rows.
+
+    ``keep`` [N] bool selects the sequences whose inputs are kept whole (for searches that
+    need whole sequences, like attention); ``tokens`` [K] indexes flattened tokens of every
+    input to keep as a per-token sample.
+    """
+
+    def __init__(self, block: nn.Module, names: list[str], keep: torch.Tensor, tokens: torch.Tensor):
+        self.abs_sum: dict[str, torch.Tensor] = {}
+        self.count = 0
+        self.kept: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        self.sampled: dict[str, list[torch.Tensor]] = {n: [] for n in names}
+        self.keep, self.tokens, self.offset = keep, tokens, 0
+        self.handles = [block.get_submodule(n).register_forward_hook(self._hook(n)) for n in names]
+
+    def _hook(self, name: str):
+        def hook(module, args, output):
+            x = args[0]  # [B, T, C]
+            flat = x.reshape(-1, x.shape[-1]).float()
+            self.abs_sum[name] = self.abs_sum.get(name, 0) + flat.abs().sum(0)
+            b = x.shape[0]
+            self.kept[name].append(x[self.keep[self.offset : self.offset + b]])
+            lo, hi = self.offset * x.shape[1], (self.offset + b) * x.shape[1]
+            sel = self.tokens[(self.tokens >= lo) & (self.tokens < hi)] - lo
+            self.sampled[name].append(flat[sel].to(x.dtype))
+
+        return hook
+
+    def step(self, batch: torch.Tensor) -> None:
+        """Call after each batch of sequences has run through the block."""
+        self.offset += batch.shape[0]
+        self.count += batch.shape[0] * batch.shape[1]
+
+    def close(self) -> dict:
+        for h in self.handles:
+            h.remove()
+        names = list(self.kept)
+        return {
+            n: {
+                "mean_abs": self.abs_sum[n] / self.count,  # [C]
+                "sequences": torch.cat(self.kept[n]),  # [S, T, C]
+                "tokens": torch.cat(self.sampled[n]),  # [K, C]
+            }
+            for n in names
+        }
+
+
+@torch.no_grad()
+def record_inputs(block: nn.Module, x: torch.Tensor, names: list[str], keep_seqs: int, keep_tokens: int, seed: int, batch: int = 16) -> dict:
+    """Run block on x [N, T, C] and return, per sub-module name, its input statistics (see InputRecorder)."""
+    n, t = x.shape[:2]
+    g = torch.Generator().manual_seed(seed)
+    keep = torch.zeros(n, dtype=torch.bool)
+    keep[torch.randperm(n, generator=g)[: min(keep_seqs, n)]] = True
+    tokens = torch.randperm(n * t, generator=g)[: min(keep_tokens, n * t)].sort().values
+    rec = InputRecorder(block, names, keep.to(x.device), tokens.to(x.device))
+    for chunk in x.split(batch):
+        block(chunk)
+        rec.step(chunk)
+    return rec.close()

@@ -1,0 +1,26 @@
+"""`compress info`: print the numbers of compress.roofline for one model."""
+
+from compress import models
+from compress.model.config import ModelConfig
+from compress.model.load import read_config
+from compress.roofline import FORMATS, GPUS, decode_step, kv_bytes_per_token, param_counts, weight_bytes
+
+
+def print_info(model: str, gpu: str, batch: int, context: int) -> None:
+    raw = read_config(models.resolve(model))
+    cfg = ModelConfig.from_hf({k: v for k, v in raw.items() if k != "quantization_config"})
+    g = GPUS[gpu]
+    print(f"{model}: {cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
+          f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads, head_dim {cfg.head_dim}")
+    print("\nparameters")
+    for kind, n in param_counts(cfg).items():
+        print(f"  {kind:<10} {n:>14,}")
+    kv = kv_bytes_per_token(cfg)
+    print(f"\nKV cache (fp16): {kv:,} bytes/token, {kv * context / 2**20:.1f} MiB per sequence of {context} tokens")
+    print(f"\ndecode step on {g.name} ({g.tflops} TFLOP/s, {g.tbps} TB/s), batch {batch}, context {context}")
+    print("| format | weights MiB (disk = GPU memory) | FLOP/byte | ridge | bound | tokens/s bound |")
+    print("|---|---:|---:|---:|---|---:|")
+    for fmt in FORMATS:
+        s = decode_step(cfg, fmt, g, batch, context)
+        bound = "memory" if s.memory_bound else "compute"
+        print(f"| {fmt.name} | {weight_bytes(cfg, fmt) / 2**20:.1f} | {s.intensity:.1f} | {s.ridge:.0f} | {bound} | {s.tokens_per_s:,.0f} |")

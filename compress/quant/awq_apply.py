@@ -1,0 +1,100 @@
+"""Run AWQ over a model block by block: record inputs, search, fold scales, clip, swap.
+
+The searches (``awq.py``) return numbers; this file is where the model changes.
+"""
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from compress.calib import block_inputs, compute_device, on_device, record_inputs, run_block
+from compress.model.arch import ScaleGroup
+from compress.model.decoder import Decoder, RMSNorm
+from compress.quant.apply import quantize_block
+from compress.quant.awq import ScaleResult, search_clip, search_scale
+from compress.quant.config import QuantConfig
+from compress.quant.primitives import IntSpec
+
+NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")  # their error is shaped by softmax, not the output MSE
+CLIP_TOKENS = 512
+
+
+def head_mapping(block: nn.Module, group: ScaleGroup, head_dim: int):
+    """(reduce, expand) between the search space (prev's outputs) and the Linears' inputs.
+
+    Equal widths: identity. v -> o under GQA: o's input channel h*D + d reads v's output
+    channel kv(h)*D + d, so o's statistics are averaged over the heads of each KV group and
+    a scale on v's channel is repeated for every head that reads it.
+    """
+    prev, first = block.get_submodule(group.prev), block.get_submodule(group.linears[0])
+    if not isinstance(prev, nn.Linear) or prev.out_features == first.in_features:
+        return (lambda m: m), (lambda s: s)
+    rep, kv = first.in_features // prev.out_features, prev.out_features // head_dim
+    return (
+        lambda m: m.view(kv, rep, head_dim).mean(1).flatten(),
+        lambda s: s.view(kv, head_dim).repeat_interleave(rep, 0).flatten(),
+    )
+
+
+@torch.no_grad()
+def fold_scales(block: nn.Module, group: ScaleGroup, s: torch.Tensor, expand) -> None:
+    """prev's output /= s, the Linears' input columns *= s: the block computes the same function."""
+    prev = block.get_submodule(group.prev)
+    if isinstance(prev, RMSNorm):
+        prev.weight.div_(s.to(prev.weight.dtype))
+    else:
+        prev.weight.div_(s.to(prev.weight.dtype)[:, None])
+        if prev.bias is not None:
+            prev.bias.div_(s.to(prev.bias.dtype))
+    se = expand(s)
+    for name in group.linears:
+        w = block.get_submodule(name).weight
+        w.mul_(se.to(w.dtype)[None, :])
+
+
+def search_group(block, group: ScaleGroup, feats: dict, spec: IntSpec, cfg: QuantConfig, head_dim: int):
+    reduce, expand = head_mapping(block, group, head_dim)
+    module = block.get_submodule(group.module)
+    prefix = group.module + "." if group.module != group.linears[0] else ""
+    weights = {name.removeprefix(prefix) + ".weight" if prefix else "weight": block.get_submodule(name).weight for name in group.linears}
+    f = feats[group.module]
+    x = f["sequences"] if group.module == "self_attn" else f["tokens"]
+    return search_scale(module, weights, x, reduce(f["mean_abs"]), expand, spec, cfg.grid), expand
+
+
+def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int) -> list[ScaleResult]:
+    """Search, fold and quantize one block in place; returns each group's search result."""
+    feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed)
+    found = [search_group(block, g, feats, spec, cfg, head_dim) for g in groups]
+    inputs = {}
+    for g, (res, expand) in zip(groups, found):
+        fold_scales(block, g, res.scales, expand)
+        for name in g.linears:
+            inputs[name] = feats[g.module]["tokens"][:CLIP_TOKENS] / expand(res.scales).to(x.dtype)
+    clips = {}
+    if cfg.clip_search:
+        clips = {
+            name: search_clip(block.get_submodule(name).weight, xs, spec, cfg.grid)
+            for name, xs in inputs.items() if name not in NO_CLIP
+        }
+    quantize_block(block, spec, clips)
+    return [res for res, _ in found]
+
+
+def awq_quantize(model: Decoder, spec: IntSpec, cfg: QuantConfig, calib: torch.Tensor, verbose: bool = False) -> None:
+    """Quantize ``model`` in place, feeding each quantized block's outputs to the next."""
+    device = compute_device()
+    x = block_inputs(model, calib, device)  # [N, T, C]
+    positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]: same positions for every row
+    groups = model.cfg.arch.scale_groups
+    bar = tqdm(model.model.layers, desc=f"AWQ int{spec.bits}", unit="block")
+    for i, block in enumerate(bar):
+        with on_device(block, device):
+            model.prepare(positions, x.dtype)
+            results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i)
+            x = run_block(block, x)
+        gain = sum(r.loss for r in results) / max(sum(r.loss_unscaled for r in results), 1e-30)
+        bar.set_postfix(loss_vs_rtn=f"{gain:.2f}")
+        if verbose:
+            detail = ", ".join(f"{g.prev}->{g.linears[0].split('.')[-1]} a={r.alpha:.2f} loss={r.loss:.3g}" for g, r in zip(groups, results))
+            tqdm.write(f"block {i}: {detail}")

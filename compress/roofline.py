@@ -1,0 +1,100 @@
+"""Sizes, KV-cache cost and the decode roofline of a model: the numbers behind `compress info`.
+
+A decode step at batch B reads every weight once and each sequence's KV cache once, and does
+2 FLOPs per weight per token plus the attention dot products. Its arithmetic intensity
+(FLOPs / bytes) against a GPU's ridge point (peak FLOP/s / bandwidth) says which limit binds;
+the bound on tokens/s is B / max(bytes / bandwidth, FLOPs / peak).
+"""
+
+from dataclasses import dataclass
+
+from compress.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class GPU:
+    name: str
+    tflops: float  # dense fp16/bf16 tensor-core peak, fp32 accumulate
+    tbps: float  # memory bandwidth, TB/s
+
+
+GPUS = {
+    "h100": GPU("H100 SXM5 80GB", 989.4, 3.35),  # NVIDIA H100 Tensor Core GPU datasheet
+    "h200": GPU("H200 SXM 141GB", 989.4, 4.8),  # NVIDIA H200 Tensor Core GPU datasheet
+    "a100": GPU("A100 SXM4 80GB", 312.0, 2.039),  # NVIDIA A100 datasheet
+    "rtx4090": GPU("GeForce RTX 4090", 165.2, 1.008),  # NVIDIA Ada Lovelace architecture whitepaper
+}
+
+
+@dataclass(frozen=True)
+class Format:
+    """Bytes per weight of the decoder Linears; embeddings and lm_head stay fp16 in every format."""
+
+    name: str
+    weight_bits: int
+    group_size: int | None  # None: one scale per output row
+    zero_point: bool
+
+
+FORMATS = (
+    Format("fp16", 16, None, False),
+    Format("int8", 8, None, False),
+    Format("fp8", 8, None, False),
+    Format("int4", 4, 128, True),
+    Format("int3", 3, 128, True),
+)
+
+
+def param_counts(cfg: ModelConfig) -> dict[str, int]:
+    c, d = cfg.hidden_size, cfg.head_dim
+    attn = c * cfg.num_heads * d * 2 + c * cfg.num_kv_heads * d * 2
+    if cfg.arch.qkv_bias:
+        attn += (cfg.num_heads + 2 * cfg.num_kv_heads) * d
+    counts = {
+        "embedding": cfg.vocab_size * c,
+        "attention": cfg.num_layers * attn,
+        "mlp": cfg.num_layers * 3 * c * cfg.intermediate_size,
+        "norms": (2 * cfg.num_layers + 1) * c,
+        "lm_head": 0 if cfg.tie_word_embeddings else cfg.vocab_size * c,
+    }
+    counts["total"] = sum(counts.values())
+    return counts
+
+
+def weight_bytes(cfg: ModelConfig, fmt: Format) -> float:
+    n = param_counts(cfg)
+    linear = n["attention"] + n["mlp"]
+    rows = cfg.num_layers * (cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim + 2 * cfg.hidden_size + 2 * cfg.intermediate_size)
+    if fmt.group_size is None:
+        meta = rows * 2 if fmt.weight_bits < 16 else 0  # one fp16 scale per output row
+    else:
+        meta = linear / fmt.group_size * (2 + fmt.weight_bits / 8)  # fp16 scale + packed zero point
+    rest = n["embedding"] + n["norms"] + n["lm_head"]
+    return linear * fmt.weight_bits / 8 + meta + rest * 2
+
+
+def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype_bytes
+
+
+@dataclass(frozen=True)
+class DecodeStep:
+    flops: float
+    bytes: float
+    intensity: float  # FLOP / byte
+    ridge: float  # the GPU's FLOP / byte where compute and memory take equal time
+    memory_bound: bool
+    tokens_per_s: float  # upper bound
+
+
+def decode_step(cfg: ModelConfig, fmt: Format, gpu: GPU, batch: int, context: int) -> DecodeStep:
+    n = param_counts(cfg)
+    matmul_params = n["attention"] + n["mlp"] + cfg.vocab_size * cfg.hidden_size
+    attn_flops = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context  # q.k and p.v per token
+    flops = batch * (2 * matmul_params + attn_flops)
+    # every weight except the embedding table (one row per token is read) + every KV cache
+    read = weight_bytes(cfg, fmt) - (n["embedding"] * 2 if not cfg.tie_word_embeddings else 0)
+    nbytes = read + batch * context * kv_bytes_per_token(cfg)
+    intensity, ridge = flops / nbytes, gpu.tflops * 1e12 / (gpu.tbps * 1e12)
+    seconds = max(nbytes / (gpu.tbps * 1e12), flops / (gpu.tflops * 1e12))
+    return DecodeStep(flops, nbytes, intensity, ridge, intensity < ridge, batch / seconds)

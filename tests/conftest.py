@@ -1,0 +1,67 @@
+"""Shared fixtures: tiny random Llama-family checkpoints built in code, and the real default model."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+DATA = Path(os.environ.get("COMPRESS_DATA_DIR", Path(__file__).parents[1] / ".." / "shared" / "data"))
+
+
+def tiny_hf(kind: str = "llama", vocab: int = 256, seed: int = 0, **overrides):
+    """A random transformers model of the given family, small enough for a unit test."""
+    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}[kind]
+    kw = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False) | overrides
+    torch.manual_seed(seed)
+    model = cls[1](cls[0](**kw)).eval()
+    with torch.no_grad():  # transformers zero-initialises biases and ones norms; make every tensor matter
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                p.add_(torch.randn_like(p) * 0.1)
+    return model
+
+
+def save_hf(model, path: Path, tokenizer_dir: Path | None = None) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(path, safe_serialization=True)
+    if tokenizer_dir is not None:
+        for f in tokenizer_dir.iterdir():
+            if f.name.startswith("tokenizer") or f.name == "chat_template.jinja":
+                (path / f.name).write_bytes(f.read_bytes())
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    from compress.errors import UserError
+    from compress.models import resolve
+
+    try:
+        return resolve("smollm2-135m")
+    except UserError as e:
+        pytest.skip(str(e))
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    if not (DATA / "wikitext2" / "wiki.test.raw").is_file():
+        pytest.skip(f"shared data not found at {DATA}; set COMPRESS_DATA_DIR")
+    os.environ["COMPRESS_DATA_DIR"] = str(DATA)
+    return DATA
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory, smollm2_dir) -> Path:
+    """A 2-layer random Llama with SmolLM2's tokenizer (vocab 49152), saved as an HF checkpoint."""
+    model = tiny_hf("llama", vocab=49152, tie_word_embeddings=True)
+    return save_hf(model, tmp_path_factory.mktemp("tiny") / "model", smollm2_dir)
+
+
+def read_json(path: Path) -> dict:
+    return json.loads(Path(path).read_text())

@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+from compress.model.config import ModelConfig
+from compress.model.load import build, load_weights
+from compress.quant.apply import layer_linears, quantize
+from compress.quant.awq import candidate_scales, search_clip
+from compress.quant.awq_apply import fold_scales, head_mapping
+from compress.quant.config import QuantConfig
+from compress.quant.linear import PackedLinear
+from compress.quant.primitives import IntSpec, pseudo_quantize
+from tests.conftest import tiny_hf
+
+OUTLIERS = [3, 17, 40]
+
+
+def planted_model(kind="llama", seed=0):
+    """A tiny model whose norms make a few input channels 30x larger than the rest (as in real LLMs)."""
+    hf = tiny_hf(kind, seed=seed, num_key_value_heads=2)
+    model = load_weights(build(ModelConfig.from_hf(hf.config.to_dict())), dict(hf.state_dict())).eval()
+    with torch.no_grad():
+        for block in model.model.layers:
+            for norm, linears in ((block.input_layernorm, ("q_proj", "k_proj", "v_proj")), (block.post_attention_layernorm, ("gate_proj", "up_proj"))):
+                norm.weight[OUTLIERS] *= 30
+                parent = block.self_attn if linears[0] == "q_proj" else block.mlp
+                for name in linears:  # same function, outliers now live in the activations
+                    getattr(parent, name).weight[:, OUTLIERS] /= 30
+    return model
+
+
+def output_mse(model, ref_logits, ids):
+    with torch.no_grad():
+        return (model(ids) - ref_logits).pow(2).mean().item()
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_awq_beats_rtn_with_planted_outliers(bits):
+    ids = torch.randint(0, 256, (8, 64))
+    fp = planted_model()
+    with torch.no_grad():
+        ref = fp(ids)
+    rtn, awq = planted_model(), planted_model()
+    cfg = QuantConfig(method="awq", bits=bits, group_size=32, search_sequences=4, search_tokens=256)
+    quantize(rtn, QuantConfig(method="rtn", bits=bits, group_size=32))
+    quantize(awq, cfg, calib=torch.randint(0, 256, (8, 64)))
+    assert all(isinstance(m, PackedLinear) for b in awq.model.layers for m in layer_linears(b).values())
+    assert output_mse(awq, ref, ids) < 0.8 * output_mse(rtn, ref, ids)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_folded_scales_keep_the_function(kind):
+    model = planted_model(kind)
+    ids = torch.randint(0, 256, (2, 20))
+    with torch.no_grad():
+        before = model(ids)
+        for block in model.model.layers:
+            for group in model.cfg.arch.scale_groups:
+                reduce, expand = head_mapping(block, group, model.cfg.head_dim)
+                width = block.get_submodule(group.prev).weight.shape[0]
+                fold_scales(block, group, torch.rand(width) * 4 + 0.25, expand)
+        after = model(ids)
+    assert (after - before).abs().max().item() <= 1e-5
+
+
+def test_gqa_head_mapping_repeats_kv_scales():
+    block = planted_model().model.layers[0]  # 4 heads, 2 KV heads, head_dim 16
+    group = next(g for g in planted_model().cfg.arch.scale_groups if g.prev == "self_attn.v_proj")
+    reduce, expand = head_mapping(block, group, 16)
+    s = torch.arange(32.0)
+    e = expand(s)
+    assert e.shape == (64,)
+    assert torch.equal(e[:16], s[:16]) and torch.equal(e[16:32], s[:16]) and torch.equal(e[32:48], s[16:])
+    assert torch.equal(reduce(e), s)
+
+
+def test_candidate_scales_start_at_plain_rounding():
+    cands = candidate_scales(torch.rand(10) + 0.1, 20)
+    assert cands.shape == (20, 10)
+    assert torch.allclose(cands[0], torch.ones(10))
+    assert torch.allclose(cands.amax(1) * cands.amin(1), torch.ones(20), atol=1e-5)
+
+
+def test_clip_search_never_worse_than_no_clip():
+    w = torch.randn(32, 128)
+    w[:, 5] *= 8  # a few large weights make the unclipped range wasteful
+    x = torch.randn(256, 128)
+    spec = IntSpec(3, 64)
+    max_val = search_clip(w, x, spec)
+
+    def err(q):
+        return (x @ (q - w).T).pow(2).mean()
+
+    assert err(pseudo_quantize(w, spec, max_val)) <= err(pseudo_quantize(w, spec)) + 1e-6
+    assert (max_val < w.view(32, 2, 64).abs().amax(-1)).any()

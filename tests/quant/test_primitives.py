@@ -1,0 +1,43 @@
+import pytest
+import torch
+
+from compress.quant.primitives import IntSpec, dequantize, pseudo_quantize, qparams, quantize
+
+
+@pytest.mark.parametrize("bits", [3, 4, 8])
+@pytest.mark.parametrize("group_size", [16, 64, 96])
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_error_bounded_by_half_a_step(bits, group_size, symmetric):
+    w = torch.randn(12, 192) * torch.rand(12, 1) * 3
+    spec = IntSpec(bits, group_size, symmetric)
+    scale, zero = qparams(w, spec)
+    q = quantize(w, scale, zero, spec)
+    assert q.max() <= spec.qmax
+    err = (dequantize(q, scale, zero, group_size) - w).view(12, -1, group_size).abs()
+    bound = scale[..., None] / 2 + 1e-6
+    if symmetric:  # the most negative value may sit one step below the grid's mirror image
+        bound = bound * 2
+    assert (err <= bound).all()
+
+
+def test_per_channel_is_one_group():
+    w = torch.randn(4, 40)
+    spec = IntSpec(4, 40)
+    scale, zero = qparams(w, spec)
+    assert scale.shape == (4, 1)
+
+
+def test_clipping_range_is_respected():
+    w = torch.tensor([[-4.0, -1.0, 0.5, 4.0]])
+    spec = IntSpec(4, 4)
+    out = pseudo_quantize(w, spec, max_val=torch.tensor([[1.0]]))
+    half_step = 2.0 / 15 / 2  # the zero point rounds to the grid, shifting the range by up to half a step
+    assert out.abs().max() <= 1.0 + half_step + 1e-6
+    assert (out - pseudo_quantize(w, spec)).abs().max() > 1.0  # without the clip, +-4 survive
+
+
+def test_bad_spec():
+    with pytest.raises(ValueError):
+        IntSpec(5, 64)
+    with pytest.raises(ValueError, match="not a multiple"):
+        qparams(torch.randn(2, 10), IntSpec(4, 4))
