@@ -75,9 +75,11 @@ def is_quantized(model_dir: Path) -> bool:
 def load_model(model_dir: Path, dtype: torch.dtype = torch.float32):
     """A Decoder for any checkpoint we read: plain HF or one of our quantized exports."""
     if is_quantized(model_dir):
+        from compress.quant.awq_format import load_awq
         from compress.quant.export import load_quantized
 
-        return load_quantized(model_dir, dtype)
+        method = load.read_config(model_dir)["quantization_config"].get("quant_method")
+        return (load_awq if method == "awq" else load_quantized)(model_dir, dtype)
     return load.load_decoder(model_dir, dtype)
 
 

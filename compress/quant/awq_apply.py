@@ -69,8 +69,10 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
     inputs = {}
     for g, (res, expand) in zip(groups, found):
         fold_scales(block, g, res.scales, expand)
+        tokens = feats[g.module]["tokens"]  # in sequence order: stride through all of them
+        sample = tokens[:: max(1, len(tokens) // CLIP_TOKENS)][:CLIP_TOKENS]
         for name in g.linears:
-            inputs[name] = feats[g.module]["tokens"][:CLIP_TOKENS] / expand(res.scales).to(x.dtype)
+            inputs[name] = sample / expand(res.scales).to(x.dtype)
     clips = {}
     if cfg.clip_search:
         clips = {

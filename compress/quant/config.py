@@ -23,8 +23,8 @@ class QuantConfig:
     clip_search: bool = True  # AWQ: search per-channel clipping after scaling
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
-    search_sequences: int = 16
-    search_tokens: int = 8192
+    search_sequences: int = 8
+    search_tokens: int = 4096
 
     def __post_init__(self):
         if self.method not in METHODS:

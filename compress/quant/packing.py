@@ -27,7 +27,7 @@ def packed_width(n: int, bits: int) -> int:
     return math.ceil(n * bits / 32)
 
 
-def _to_int32(words: torch.Tensor) -> torch.Tensor:
+def to_int32(words: torch.Tensor) -> torch.Tensor:
     # int64 holding 32 unsigned bits -> the int32 with the same bits
     return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
@@ -43,7 +43,7 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     words = torch.zeros(rows, padded // 32 * bits + 1, dtype=torch.int64, device=codes.device)
     words.index_add_(1, word, (v << offset) & 0xFFFFFFFF)
     words.index_add_(1, word + 1, v >> (32 - offset))  # the part that straddles into the next word
-    return _to_int32(words[:, : packed_width(cols, bits)])
+    return to_int32(words[:, : packed_width(cols, bits)])
 
 
 def unpack(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:

@@ -62,3 +62,28 @@ def test_transformers_loads_symmetric_int4_compressed(tmp_path):
     ids = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
         assert (hf(ids).logits - model(ids)).abs().max().item() <= 1e-3
+
+
+def test_autoawq_gemm_round_trip(tmp_path):
+    from transformers import AutoConfig
+
+    from compress.quant.awq_format import pack_awq, unpack_awq, write_awq
+
+    codes = torch.randint(0, 16, (5, 24))
+    assert torch.equal(unpack_awq(pack_awq(codes)), codes)
+    assert pack_awq(torch.arange(8)[None]).item() == 0x75316420  # AutoAWQ's order [0, 2, 4, 6, 1, 3, 5, 7]
+
+    src = save_hf(tiny_hf("llama"), tmp_path / "src")
+    model = load_model(src)
+    spec = quantize(model, QuantConfig(method="rtn", bits=4))
+    out = tmp_path / "awq"
+    out.mkdir()
+    write_awq(model, spec, out, src)
+    reloaded = load_model(out)
+    for (name, a), b in zip(model.named_modules(), reloaded.modules()):
+        if hasattr(a, "weight_packed"):
+            assert torch.equal(a.weight_packed, b.weight_packed), name
+            assert torch.equal(a.weight_zero_point, b.weight_zero_point), name
+            assert torch.allclose(a.weight_scale, b.weight_scale, rtol=1e-3), name  # stored as fp16
+    qc = AutoConfig.from_pretrained(out).quantization_config
+    assert qc["quant_method"] == "awq" and qc["version"] == "gemm" and qc["group_size"] == spec.group_size
