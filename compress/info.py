@@ -3,7 +3,7 @@
 from compress import models
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
-from compress.roofline import FORMATS, GPUS, decode_step, kv_bytes_per_token, param_counts, weight_bytes
+from compress.roofline import GPUS, formats, decode_step, kv_bytes_per_token, param_counts, weight_bytes
 
 
 def print_info(model: str, gpu: str, batch: int, context: int) -> None:
@@ -18,9 +18,10 @@ def print_info(model: str, gpu: str, batch: int, context: int) -> None:
     kv = kv_bytes_per_token(cfg)
     print(f"\nKV cache (fp16): {kv:,} bytes/token, {kv * context / 2**20:.1f} MiB per sequence of {context} tokens")
     print(f"\ndecode step on {g.name} ({g.tflops} TFLOP/s, {g.tbps} TB/s), batch {batch}, context {context}")
+    print(f"int4/int3 at group size {formats(cfg)[3].group_size}")
     print("| format | weights MiB (disk = GPU memory) | FLOP/byte | ridge | bound | tokens/s bound |")
     print("|---|---:|---:|---:|---|---:|")
-    for fmt in FORMATS:
+    for fmt in formats(cfg):
         s = decode_step(cfg, fmt, g, batch, context)
         bound = "memory" if s.memory_bound else "compute"
         print(f"| {fmt.name} | {weight_bytes(cfg, fmt) / 2**20:.1f} | {s.intensity:.1f} | {s.ridge:.0f} | {bound} | {s.tokens_per_s:,.0f} |")

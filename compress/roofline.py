@@ -9,6 +9,7 @@ the bound on tokens/s is B / max(bytes / bandwidth, FLOPs / peak).
 from dataclasses import dataclass
 
 from compress.model.config import ModelConfig
+from compress.quant.primitives import default_group_size
 
 
 @dataclass(frozen=True)
@@ -36,13 +37,20 @@ class Format:
     zero_point: bool
 
 
-FORMATS = (
-    Format("fp16", 16, None, False),
-    Format("int8", 8, None, False),
-    Format("fp8", 8, None, False),
-    Format("int4", 4, 128, True),
-    Format("int3", 3, 128, True),
-)
+def formats(cfg: ModelConfig) -> tuple[Format, ...]:
+    """The formats we export, int4/int3 at the group size `compress quantize` picks by default."""
+    g = default_group_size(linear_widths(cfg)) or cfg.hidden_size
+    return (
+        Format("fp16", 16, None, False),
+        Format("int8", 8, None, False),
+        Format("fp8", 8, None, False),
+        Format("int4", 4, g, True),
+        Format("int3", 3, g, True),
+    )
+
+
+def linear_widths(cfg: ModelConfig) -> set[int]:
+    return {cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size}
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:

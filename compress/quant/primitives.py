@@ -27,6 +27,14 @@ class IntSpec:
         return 2**self.bits - 1
 
 
+DEFAULT_GROUP_SIZES = (128, 64, 32)
+
+
+def default_group_size(widths: set[int]) -> int | None:
+    """128 if it divides every in_features in ``widths``, else 64, else 32 (None if none does)."""
+    return next((g for g in DEFAULT_GROUP_SIZES if all(w % g == 0 for w in widths)), None)
+
+
 def grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
     """[O, I] -> [O, I/g, g]."""
     out, inp = w.shape

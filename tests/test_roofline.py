@@ -1,0 +1,57 @@
+"""`compress info` numbers for SmolLM2-135M, checked against hand computation."""
+
+import pytest
+
+from compress.model.config import ModelConfig
+from compress.roofline import GPUS, formats, decode_step, kv_bytes_per_token, param_counts, weight_bytes
+
+SMOLLM2 = {
+    "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
+    "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+    "tie_word_embeddings": True, "rope_theta": 100000.0,
+}
+
+
+@pytest.fixture
+def cfg():
+    return ModelConfig.from_hf(SMOLLM2)
+
+
+def test_parameter_counts(cfg):
+    n = param_counts(cfg)
+    assert n["embedding"] == 49152 * 576 == 28_311_552
+    assert n["attention"] == 30 * (576 * 576 * 2 + 576 * 192 * 2) == 26_542_080
+    assert n["mlp"] == 30 * 3 * 576 * 1536 == 79_626_240
+    assert n["norms"] == 61 * 576
+    assert n["lm_head"] == 0  # tied
+    assert n["total"] == 134_515_008
+
+
+def test_kv_cache_bytes(cfg):
+    assert kv_bytes_per_token(cfg) == 2 * 30 * 3 * 64 * 2 == 23_040
+
+
+def test_weight_bytes_per_format(cfg):
+    fmt = {f.name: f for f in formats(cfg)}
+    linear = 26_542_080 + 79_626_240
+    rest = 28_311_552 + 61 * 576
+    assert weight_bytes(cfg, fmt["fp16"]) == 2 * (linear + rest)
+    rows = 30 * (576 + 192 + 192 + 576 + 1536 + 1536 + 576)
+    assert weight_bytes(cfg, fmt["int8"]) == linear + 2 * rows + 2 * rest
+    assert fmt["int4"].group_size == 64  # 576 is not a multiple of 128
+    assert weight_bytes(cfg, fmt["int4"]) == pytest.approx(linear / 2 + linear / 64 * 2.5 + 2 * rest)
+    assert weight_bytes(cfg, fmt["int3"]) == pytest.approx(linear * 3 / 8 + linear / 64 * (2 + 3 / 8) + 2 * rest)
+
+
+def test_decode_step_roofline(cfg):
+    fp16 = formats(cfg)[0]
+    s = decode_step(cfg, fp16, GPUS["h100"], batch=1, context=1000)
+    matmul = 26_542_080 + 79_626_240 + 49152 * 576
+    flops = 2 * matmul + 4 * 30 * 9 * 64 * 1000
+    nbytes = weight_bytes(cfg, fp16) + 1000 * 23_040
+    assert s.flops == flops and s.bytes == nbytes
+    assert s.ridge == pytest.approx(989.4 / 3.35)
+    assert s.memory_bound
+    assert s.tokens_per_s == pytest.approx(1 / (nbytes / 3.35e12))
+    big = decode_step(cfg, fp16, GPUS["h100"], batch=4096, context=16)
+    assert not big.memory_bound  # a huge batch with short contexts crosses the ridge
