@@ -1,9 +1,45 @@
 """Compute kernels, installed as ``compress.kernels``.
 
-Each op runs a Triton kernel on CUDA where one exists and the plain-torch reference
-(``reference.py``) everywhere else, so the CPU runtime runs the same code path end to end.
+Each op runs a Triton kernel on CUDA tensors and the plain-torch reference (``reference.py``)
+everywhere else, so the CPU runtime runs the same code path end to end. Layouts: docs/kernels.md.
+
+Three kernel modules share their op's name (``dequant_matmul``, ``fp8_matmul``,
+``paged_attention``). Python binds a submodule as an attribute of its package when the submodule
+is first imported, so they are imported here, before the ops below rebind those names; the ops
+call into them through the module objects.
 """
 
-from compress.kernels.reference import dequant_matmul, dequantize_packed
+import torch
 
-__all__ = ["dequant_matmul", "dequantize_packed"]
+from compress.kernels import dequant_matmul as _dequant_matmul_kernel
+from compress.kernels import fp8_matmul as _fp8_matmul_kernel
+from compress.kernels import int8_matmul as _int8_matmul_kernel
+from compress.kernels import paged_attention as _paged_attention_kernel
+from compress.kernels import reference
+from compress.kernels.reference import dequantize_packed
+
+__all__ = ["dequant_matmul", "dequantize_packed", "fp8_matmul", "int8_outlier_matmul", "paged_attention"]
+
+
+def dequant_matmul(x: torch.Tensor, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None):
+    """y [..., O] = x [..., I] @ dequant(W)^T (+ bias) for pack-quantized int4/int3 W."""
+    op = _dequant_matmul_kernel.dequant_matmul if x.is_cuda else reference.dequant_matmul
+    return op(x, packed, scale, zero_packed, bits, bias)
+
+
+def int8_outlier_matmul(x: torch.Tensor, weight, weight_scale, outlier_idx, outlier_weight, bias=None):
+    """y [..., O]: LLM.int8 with static outlier dims (int8 weight + fp outlier columns)."""
+    op = _int8_matmul_kernel.int8_outlier_matmul if x.is_cuda else reference.int8_outlier_matmul
+    return op(x, weight, weight_scale, outlier_idx, outlier_weight, bias)
+
+
+def fp8_matmul(x: torch.Tensor, weight, weight_scale, bias=None, input_scale=None):
+    """y [..., O]: e4m3 weight x e4m3 activations (per token, or per tensor with input_scale)."""
+    op = _fp8_matmul_kernel.fp8_matmul if x.is_cuda else reference.fp8_matmul
+    return op(x, weight, weight_scale, bias, input_scale)
+
+
+def paged_attention(q: torch.Tensor, k_cache, v_cache, block_tables, context_lens, scale: float | None = None):
+    """[S, H, D] decode attention over a paged KV cache."""
+    op = _paged_attention_kernel.paged_attention if q.is_cuda else reference.paged_attention
+    return op(q, k_cache, v_cache, block_tables, context_lens, scale)

@@ -42,3 +42,112 @@ def dequant_matmul(x, packed, scale, zero_packed, bits: int, bias: torch.Tensor 
     """y [..., O] = x [..., I] @ dequant(W).T (+ bias)."""
     w = dequantize_packed(packed, scale, zero_packed, bits, x.shape[-1]).to(x.dtype)
     return torch.nn.functional.linear(x, w, bias)
+
+
+INT8_MAX = 127
+FP8_MAX = 448.0  # largest finite float8_e4m3fn
+
+
+def int8_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[M, K] int8 @ [K, N] int8 -> [M, N] int32, exact, through ``torch._int_mm``.
+
+    On CPU ``_int_mm`` takes any shape (torch >= 2.4). On CUDA it needs M > 16 and K, N
+    multiples of 8, so the operands are zero-padded to those sizes (exact) and the result cut.
+    """
+    if not a.is_cuda:
+        return torch._int_mm(a, b)
+    m, k = a.shape
+    n = b.shape[1]
+    pad_m, pad_k, pad_n = max(17 - m, 0), -k % 8, -n % 8
+    a = torch.nn.functional.pad(a, (0, pad_k, 0, pad_m))
+    b = torch.nn.functional.pad(b, (0, pad_n, 0, pad_k))
+    return torch._int_mm(a, b)[:m, :n]
+
+
+def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, I] float -> (q int8 [M, I], scale fp32 [M, 1]) with q = round(x / scale), scale = absmax / 127."""
+    x = x.float()
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-12) / INT8_MAX  # [M, 1]
+    return torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
+
+
+def int8_outlier_matmul(
+    x: torch.Tensor,  # [..., I] fp16 / bf16 / fp32
+    weight: torch.Tensor,  # [O, I] int8, the outlier columns zero
+    weight_scale: torch.Tensor,  # [O, 1] float: row r of the weight is weight[r] * weight_scale[r]
+    outlier_idx: torch.Tensor,  # [k] int32 input dims kept in floating point (k may be 0)
+    outlier_weight: torch.Tensor,  # [O, k] fp16: the weight's columns at outlier_idx
+    bias: torch.Tensor | None = None,  # [O]
+) -> torch.Tensor:
+    """y [..., O] in x's dtype: LLM.int8 with static outlier dims.
+
+    The outlier slice of x times ``outlier_weight`` runs in x's dtype; the rest of x (the
+    outlier dims zeroed) is quantized per token to int8 (absmax), multiplied with the int8
+    weight in int32 and rescaled by token scale x row scale.
+    """
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1])  # [M, I]
+    idx = outlier_idx.long()
+    xq, xs = quantize_per_token_int8(x2.index_fill(-1, idx, 0))  # [M, I] int8, [M, 1]
+    acc = int8_gemm(xq, weight.t())  # [M, O] int32
+    y = acc.float() * xs * weight_scale.float().t()  # [M, O]
+    if idx.numel():
+        y = y + (x2[:, idx] @ outlier_weight.to(x.dtype).t()).float()
+    y = y.to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*shape[:-1], -1)
+
+
+def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """x / scale, saturated to +-448, rounded to float8_e4m3fn (torch's round-to-nearest-even cast)."""
+    return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+
+
+def fp8_matmul(
+    x: torch.Tensor,  # [..., I] fp16 / bf16 / fp32
+    weight: torch.Tensor,  # [O, I] float8_e4m3fn
+    weight_scale: torch.Tensor,  # [O, 1] float: row r of the weight is weight[r] * weight_scale[r]
+    bias: torch.Tensor | None = None,  # [O]
+    input_scale: torch.Tensor | None = None,  # [1] static per-tensor scale; None = dynamic per token
+) -> torch.Tensor:
+    """y [..., O] in x's dtype: x quantized to e4m3 (per token absmax / 448, or ``input_scale``),
+    the e4m3 product accumulated in fp32 (products of e4m3 values are exact in fp32), rescaled."""
+    shape = x.shape
+    x2 = x.reshape(-1, shape[-1]).float()  # [M, I]
+    if input_scale is None:
+        xs = x2.abs().amax(-1, keepdim=True).clamp(min=1e-12) / FP8_MAX  # [M, 1]
+    else:
+        xs = input_scale.float().reshape(1, 1)
+    xq = quantize_fp8(x2, xs)  # [M, I] e4m3
+    y = (xq.float() @ weight.float().t()) * xs * weight_scale.float().t()  # [M, O]
+    y = y.to(x.dtype)
+    if bias is not None:
+        y = y + bias
+    return y.view(*shape[:-1], -1)
+
+
+def paged_attention(
+    q: torch.Tensor,  # [S, H, D] one query token per sequence
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    block_tables: torch.Tensor,  # [S, max_blocks_per_seq] int32
+    context_lens: torch.Tensor,  # [S] int32, each >= 1
+    scale: float | None = None,
+) -> torch.Tensor:
+    """[S, H, D] in q's dtype: softmax(q k^T * scale) v over each sequence's cached tokens (fp32 math).
+
+    Token t of sequence s is slot t % block_size of block block_tables[s, t // block_size];
+    query head h reads KV head h // (H / KVH). The layout is specified in docs/kernels.md.
+    """
+    seqs, heads, dim = q.shape
+    block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    scale = dim**-0.5 if scale is None else scale
+    out = torch.empty_like(q)
+    for s, n in enumerate(context_lens.tolist()):
+        blocks = block_tables[s, : -(-n // block_size)].long()
+        k = k_cache[blocks].reshape(-1, kv_heads, dim)[:n].float().repeat_interleave(heads // kv_heads, 1)  # [n, H, D]
+        v = v_cache[blocks].reshape(-1, kv_heads, dim)[:n].float().repeat_interleave(heads // kv_heads, 1)  # [n, H, D]
+        p = (torch.einsum("hd,nhd->hn", q[s].float(), k) * scale).softmax(-1)  # [H, n]
+        out[s] = torch.einsum("hn,nhd->hd", p, v).to(q.dtype)
+    return out

@@ -1,0 +1,157 @@
+"""Kernel benchmark: each Triton kernel vs fp16 torch on Llama Linear shapes; paged attention vs SDPA.
+
+    python -m compress.kernels.bench --out bench.json            # CUDA GPU, a few minutes
+    TRITON_INTERPRET=1 python -m compress.kernels.bench --dry-run --out bench.json   # CPU, tiny shapes
+
+For every (model, Linear shape [O, I], M) it times each kernel and ``torch.matmul`` in fp16 on the
+same shapes in the same run, and reports the speed-up (fp16 time / kernel time) and the achieved
+memory bandwidth (bytes the op must move / time) as a share of the GPU's peak. Paged attention is
+timed against ``scaled_dot_product_attention`` on the same keys and values laid out densely.
+``--dry-run`` runs everything on tiny shapes under the Triton interpreter, to prove the script
+works end to end; its times mean nothing.
+"""
+
+import argparse
+import json
+import math
+import time
+
+import torch
+import triton
+
+from compress.kernels.checks import interpreting
+from compress.kernels.dequant_matmul import dequant_matmul
+from compress.kernels.fp8_matmul import fp8_matmul
+from compress.kernels.int8_matmul import int8_outlier_matmul
+from compress.kernels.paged_attention import paged_attention
+
+LINEAR_SHAPES = {  # model -> distinct Linear [out_features, in_features]
+    "llama-2-7b": [(4096, 4096), (11008, 4096), (4096, 11008)],
+    "llama-3-8b": [(4096, 4096), (1024, 4096), (14336, 4096), (4096, 14336)],
+}
+BATCH = [1, 4, 16, 64, 256]
+ATTENTION = [(1, 4096), (16, 1024), (64, 2048)]  # (sequences, context length): Llama-3-8B heads
+DRY_LINEAR = {"tiny": [(40, 64)]}
+DRY_BATCH = [1, 17]
+DRY_ATTENTION = [(2, 20)]
+PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100": 2000, "A100": 2039, "L40S": 864, "A10": 600}
+GROUP, OUTLIERS, BLOCK_SIZE = 128, 16, 16
+
+
+def peak_gbps(device: torch.device) -> float | None:
+    """Data-sheet HBM bandwidth of the GPU (first name that matches), None on CPU or unknown GPUs."""
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((gbps for key, gbps in PEAK_GBPS.items() if key in name), None)
+
+
+def milliseconds(fn) -> float:
+    if torch.cuda.is_available():
+        return triton.testing.do_bench(fn, warmup=10, rep=40)
+    fn()
+    start = time.perf_counter()
+    fn()
+    return (time.perf_counter() - start) * 1e3
+
+
+def int_operands(o: int, i: int, bits: int, device):
+    """(packed [O, I*b/32], scale [O, I/g], zero [O*b/32, I/g]): random words, fp16 scales."""
+    group = min(GROUP, i)
+    packed = torch.randint(-(2**31), 2**31 - 1, (o, math.ceil(i * bits / 32)), dtype=torch.int32, device=device)
+    scale = torch.rand(o, i // group, device=device, dtype=torch.float16) * 0.01
+    zero = torch.randint(-(2**31), 2**31 - 1, (math.ceil(o * bits / 32), i // group), dtype=torch.int32, device=device)
+    return packed, scale, zero
+
+
+def linear_ops(o: int, i: int, device) -> dict:
+    """kernel name -> (fn(x) -> y, weight bytes it reads)."""
+    ops = {}
+    for bits in (4, 3):
+        packed, scale, zero = int_operands(o, i, bits, device)
+        ops[f"int{bits} g{i // scale.shape[1]}"] = (lambda x, p=packed, s=scale, z=zero, b=bits: dequant_matmul(x, p, s, z, b),
+                                     (packed.numel() + zero.numel()) * 4 + scale.numel() * 2)
+    w8 = torch.randint(-127, 128, (o, i), dtype=torch.int8, device=device)
+    s8 = torch.rand(o, 1, device=device, dtype=torch.float16) * 0.01
+    idx = torch.arange(OUTLIERS, dtype=torch.int32, device=device) * (i // OUTLIERS)  # [k]
+    w_out = torch.randn(o, OUTLIERS, device=device, dtype=torch.float16)
+    ops[f"int8 +{OUTLIERS} outliers"] = (lambda x: int8_outlier_matmul(x, w8, s8, idx, w_out), o * i + o * OUTLIERS * 2)
+    w_fp8 = torch.randn(o, i, device=device).to(torch.float8_e4m3fn)
+    ops["fp8 e4m3"] = (lambda x: fp8_matmul(x, w_fp8, s8), o * i)
+    return ops
+
+
+def bench_linear(model: str, o: int, i: int, batch: list[int], device, peak: float | None) -> list[dict]:
+    rows = []
+    w16 = torch.randn(o, i, device=device, dtype=torch.float16)  # [O, I]
+    ops = linear_ops(o, i, device)
+    for m in batch:
+        x = torch.randn(m, i, device=device, dtype=torch.float16)  # [M, I]
+        fp16_ms = milliseconds(lambda: torch.matmul(x, w16.t()))
+        for name, (fn, weight_bytes) in ops.items():
+            ms = milliseconds(lambda: fn(x))
+            gbps = (weight_bytes + (m * i + m * o) * 2) / ms / 1e6
+            rows.append(dict(op=name, model=model, shape=f"{o}x{i}", M=m, ms=ms, fp16_ms=fp16_ms,
+                             speedup=fp16_ms / ms, gbps=gbps, peak_pct=None if peak is None else 100 * gbps / peak))
+    return rows
+
+
+def attention_operands(seqs: int, context: int, heads: int, kv_heads: int, dim: int, device):
+    """A paged cache whose blocks are shuffled, and the same keys/values as dense [S, KVH, T, D]."""
+    per_seq = -(-context // BLOCK_SIZE)
+    k_cache = torch.randn(seqs * per_seq, BLOCK_SIZE, kv_heads, dim, device=device, dtype=torch.float16)
+    v_cache = torch.randn_like(k_cache)
+    tables = torch.randperm(seqs * per_seq, device=device).view(seqs, per_seq).int()  # [S, blocks]
+    dense = lambda c: c[tables.long()].flatten(1, 2)[:, :context].transpose(1, 2)  # noqa: E731
+    q = torch.randn(seqs, heads, dim, device=device, dtype=torch.float16)  # [S, H, D]
+    lens = torch.full((seqs,), context, dtype=torch.int32, device=device)
+    return (q, k_cache, v_cache, tables, lens), dense(k_cache), dense(v_cache)
+
+
+def bench_attention(seqs: int, context: int, heads: int, kv_heads: int, dim: int, device, peak) -> dict:
+    paged, k, v = attention_operands(seqs, context, heads, kv_heads, dim, device)
+    q4 = paged[0][:, :, None]  # [S, H, 1, D]
+    sdpa_ms = milliseconds(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
+    ms = milliseconds(lambda: paged_attention(*paged))
+    gbps = 2 * k.numel() * 2 / ms / 1e6
+    return dict(op="paged attention", model=f"H{heads}/KV{kv_heads}/D{dim}", shape=f"ctx {context}", M=seqs, ms=ms,
+                fp16_ms=sdpa_ms, speedup=sdpa_ms / ms, gbps=gbps, peak_pct=None if peak is None else 100 * gbps / peak)
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| op | model | shape | M | ms | baseline ms | speed-up | GB/s | % peak |", "|" + "---|" * 9]
+    for r in rows:
+        pct = "n/a" if r["peak_pct"] is None else f"{r['peak_pct']:.0f}"
+        lines.append(f"| {r['op']} | {r['model']} | {r['shape']} | {r['M']} | {r['ms']:.4f} | {r['fp16_ms']:.4f} | "
+                     f"{r['speedup']:.2f}x | {r['gbps']:.0f} | {pct} |")
+    return "\n".join(lines)
+
+
+def run(dry_run: bool) -> list[dict]:
+    device = torch.device("cpu" if dry_run else "cuda")
+    peak = peak_gbps(device)
+    linear, batch, attention = (DRY_LINEAR, DRY_BATCH, DRY_ATTENTION) if dry_run else (LINEAR_SHAPES, BATCH, ATTENTION)
+    heads = (4, 2, 16) if dry_run else (32, 8, 128)
+    rows = [row for model, shapes in linear.items() for o, i in shapes for row in bench_linear(model, o, i, batch, device, peak)]
+    rows += [bench_attention(s, c, *heads, device, peak) for s, c in attention]
+    return rows
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="bench.json", help="where to write the rows as JSON")
+    parser.add_argument("--dry-run", action="store_true", help="tiny shapes on CPU under TRITON_INTERPRET=1")
+    args = parser.parse_args(argv)
+    if args.dry_run and not interpreting():
+        parser.error("--dry-run needs TRITON_INTERPRET=1 in the environment (set before Python starts)")
+    if not args.dry_run and (interpreting() or not torch.cuda.is_available()):
+        parser.error("needs a CUDA GPU and TRITON_INTERPRET unset; use --dry-run (with TRITON_INTERPRET=1) on CPU")
+    rows = run(args.dry_run)
+    device = "cpu (interpreter)" if args.dry_run else torch.cuda.get_device_name()
+    with open(args.out, "w") as f:
+        json.dump({"device": device, "torch": torch.__version__, "triton": triton.__version__, "rows": rows}, f, indent=1)
+    print(f"device: {device}\n\n{table(rows)}")
+
+
+if __name__ == "__main__":
+    main()

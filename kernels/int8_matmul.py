@@ -1,0 +1,144 @@
+"""LLM.int8 matmul with static outlier dims, in one launch. Imports only torch and triton.
+
+Layout (the int8 format of docs/formats.md):
+
+* ``weight`` int8 [O, I], the outlier columns zero; ``weight_scale`` [O, 1]: W[o] = weight[o] * weight_scale[o].
+* ``outlier_idx`` int32 [k] input dims kept in floating point (k may be 0);
+  ``outlier_weight`` [O, k] the weight's columns at those dims (fp16 or the model dtype).
+* x [..., I] fp16/bf16/fp32; y [..., O] in x's dtype.
+
+y = (q_x @ weight^T) * s_x * weight_scale^T + x[:, outlier_idx] @ outlier_weight^T (+ bias), with
+s_x = max|x| / 127 per token over the non-outlier dims and q_x = round_half_even(x / s_x) in int8.
+
+Each program owns an output tile [BLOCK_M, BLOCK_N]. It makes two passes over its BLOCK_M
+rows of x: the first finds the per-token absmax (outlier dims masked out by comparing the
+column ids with outlier_idx), the second quantizes x in registers and runs the int8 x int8 ->
+int32 ``tl.dot``; then the outlier slice runs as a small floating-point dot and the rescale,
+bias and store follow. x is re-read per column tile, which is cheap where this kernel matters
+(decode, M small, weight traffic dominates).
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from compress.kernels.checks import FLOAT_DTYPES, check_bias, check_device, check_dtype, check_shape, dot_operands, interpreting
+
+INT8_MAX = 127.0
+ROUND_MAGIC = 12582912.0  # 1.5 * 2^23: (v + it) - it rounds |v| < 2^22 to nearest even in fp32
+DECODE_MAX_M = 16
+
+
+@triton.jit
+def _is_outlier(cols, idx_ptr, n_out, OUT_PAD: tl.constexpr):
+    """[BK] bool: which of the column ids ``cols`` are in outlier_idx."""
+    j = tl.arange(0, OUT_PAD)
+    idx = tl.load(idx_ptr + j, mask=j < n_out, other=-1)  # [KP]
+    return tl.sum((cols[:, None] == idx[None, :]).to(tl.int32), 1) > 0
+
+
+@triton.jit
+def _token_scale(x_ptr, idx_ptr, rm, m_ok, K, n_out, stride_xm, OUT_PAD: tl.constexpr, BLOCK_K: tl.constexpr):
+    """[BM] fp32 per-token scale: max |x| over the non-outlier dims / 127."""
+    amax = tl.zeros([rm.shape[0]], tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)  # [BK]
+        keep = (k < K) & ~_is_outlier(k, idx_ptr, n_out, OUT_PAD)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & keep[None, :], other=0.0)
+        amax = tl.maximum(amax, tl.max(tl.abs(x.to(tl.float32)), 1))
+    return tl.maximum(amax, 1e-12) / INT8_MAX
+
+
+@triton.jit
+def _outlier_product(x_ptr, idx_ptr, ow_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own,
+                     DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_O: tl.constexpr):
+    """[BM, BN] fp32: x[rm, outlier_idx] @ outlier_weight[rn]^T in x's dtype."""
+    acc = tl.zeros([rm.shape[0], BLOCK_N], tl.float32)
+    for j0 in range(0, n_out, BLOCK_O):
+        j = j0 + tl.arange(0, BLOCK_O)  # [BO]
+        j_ok = j < n_out
+        cols = tl.load(idx_ptr + j, mask=j_ok, other=0)  # [BO]
+        xo = tl.load(x_ptr + rm[:, None] * stride_xm + cols[None, :], mask=m_ok[:, None] & j_ok[None, :], other=0.0)
+        wo = tl.load(ow_ptr + rn[None, :] * stride_own + j[:, None], mask=j_ok[:, None] & n_ok[None, :], other=0.0)
+        acc = tl.dot(xo.to(DOT_DTYPE), wo.to(xo.dtype).to(DOT_DTYPE), acc, input_precision=PRECISION)  # [BM, BO] @ [BO, BN]
+    return acc
+
+
+@triton.jit
+def _int8_outlier_matmul_kernel(
+    x_ptr, w_ptr, ws_ptr, idx_ptr, ow_ptr, b_ptr, y_ptr,
+    M, N, K, n_out,
+    stride_xm, stride_wn, stride_own, stride_ym,
+    HAS_BIAS: tl.constexpr, OUT_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_O: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    m_ok, n_ok = rm < M, rn < N
+    xs = _token_scale(x_ptr, idx_ptr, rm, m_ok, K, n_out, stride_xm, OUT_PAD, BLOCK_K)  # [BM]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.int32)
+    for k0 in range(0, K, BLOCK_K):
+        k = k0 + tl.arange(0, BLOCK_K)  # [BK]
+        k_ok = k < K
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & k_ok[None, :], other=0.0)
+        v = tl.clamp(x.to(tl.float32) / xs[:, None], -INT8_MAX, INT8_MAX)  # outlier dims meet zero weights
+        xq = ((v + ROUND_MAGIC) - ROUND_MAGIC).to(tl.int8)  # [BM, BK]
+        w = tl.load(w_ptr + rn[None, :] * stride_wn + k[:, None], mask=k_ok[:, None] & n_ok[None, :], other=0)  # [BK, BN]
+        acc = tl.dot(xq, w, acc)
+    ws = tl.load(ws_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
+    y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
+    y += _outlier_product(x_ptr, idx_ptr, ow_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own,
+                          DOT_DTYPE, PRECISION, BLOCK_N, BLOCK_O)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def _configs(decode: bool) -> list[triton.Config]:
+    """Tiles for M <= 16 (decode: one 16-row tile, narrow column tiles for more programs) or larger M."""
+    if interpreting():
+        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})]
+    rows, cols = ((16,), (32, 64, 128)) if decode else ((64, 128), (64, 128))
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=3)
+            for bm in rows for bn in cols for bk in (64, 128)]
+
+
+_decode = triton.autotune(configs=_configs(True), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
+_prefill = triton.autotune(configs=_configs(False), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
+
+
+def _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias) -> None:
+    check_dtype("x", x, FLOAT_DTYPES)
+    check_dtype("weight", weight, (torch.int8,))
+    if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
+        raise ValueError(f"weight must be int8 [out_features, {x.shape[-1]}], got {list(weight.shape)}")
+    out_features = weight.shape[0]
+    check_shape("weight_scale", weight_scale, (out_features, 1))
+    check_dtype("weight_scale", weight_scale, FLOAT_DTYPES)
+    check_dtype("outlier_idx", outlier_idx, (torch.int32,))
+    if outlier_idx.dim() != 1:
+        raise ValueError(f"outlier_idx must be 1-D [k], got {list(outlier_idx.shape)}")
+    check_shape("outlier_weight", outlier_weight, (out_features, outlier_idx.numel()))
+    check_dtype("outlier_weight", outlier_weight, FLOAT_DTYPES)
+    check_bias(bias, out_features, x.dtype)
+    check_device(x=x, weight=weight, weight_scale=weight_scale, outlier_idx=outlier_idx,
+                 outlier_weight=outlier_weight, bias=bias)
+
+
+def int8_outlier_matmul(x, weight, weight_scale, outlier_idx, outlier_weight, bias=None) -> torch.Tensor:
+    """y [..., O] in x's dtype; same contract as ``reference.int8_outlier_matmul``."""
+    _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias)
+    x2 = x.reshape(-1, x.shape[-1]).contiguous()  # [M, I]
+    weight, outlier_weight, outlier_idx = weight.contiguous(), outlier_weight.contiguous(), outlier_idx.contiguous()
+    (m, k), n, n_out = x2.shape, weight.shape[0], outlier_idx.numel()
+    y = torch.empty(m, n, device=x.device, dtype=x.dtype)  # [M, O]
+    grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]))  # noqa: E731
+    (_decode if m <= DECODE_MAX_M else _prefill)[grid](
+        x2, weight, weight_scale.contiguous(), outlier_idx, outlier_weight, x2 if bias is None else bias, y,
+        m, n, k, n_out,
+        x2.stride(0), weight.stride(0), outlier_weight.stride(0), y.stride(0),
+        HAS_BIAS=bias is not None, OUT_PAD=triton.next_power_of_2(max(n_out, 1)),
+        BLOCK_O=16, **dot_operands(x.dtype),
+    )
+    return y.view(*x.shape[:-1], n)

@@ -1,0 +1,105 @@
+"""Decode attention over a paged KV cache (one query token per sequence, GQA). Imports only torch and triton.
+
+Layout (docs/kernels.md is the contract the runtime follows):
+
+* ``q`` [S, H, D]: the one new query token of each of S sequences.
+* ``k_cache``, ``v_cache`` [num_blocks, block_size, KVH, D]: physical blocks; token t of
+  sequence s lives in block ``block_tables[s, t // block_size]``, slot ``t % block_size``.
+  The new token's K/V must already be written there (attention includes it).
+* ``block_tables`` int32 [S, max_blocks_per_seq]: entries past a sequence's last block are unread.
+* ``context_lens`` int32 [S]: tokens per sequence, each >= 1 (the new token included).
+* query head h reads KV head h // (H / KVH); ``scale`` defaults to 1/sqrt(D).
+* output [S, H, D] in q's dtype: softmax(q k^T * scale) v over the sequence's tokens.
+
+One program per (sequence, KV head) loads the H/KVH query heads that share that KV head (padded
+to a tile of 16) and streams the sequence's tokens BLOCK_N at a time through an online
+softmax, so each K/V row is read once for the whole group. fp32 softmax and accumulation.
+"""
+
+import torch
+import triton
+import triton.language as tl
+
+from compress.kernels.checks import FLOAT_DTYPES, check_device, check_dtype, check_shape, dot_operands, interpreting
+
+
+@triton.jit
+def _load_tokens(cache_ptr, block, t, t_ok, kvh, d, d_ok, stride_b, stride_t, stride_h, BLOCK_SIZE: tl.constexpr):
+    """Rows [BLOCK_N, D_PAD] of one KV head for token positions t stored in physical blocks ``block``."""
+    rows = block.to(tl.int64) * stride_b + (t % BLOCK_SIZE) * stride_t + kvh * stride_h  # [BN]
+    return tl.load(cache_ptr + rows[:, None] + d[None, :], mask=t_ok[:, None] & d_ok[None, :], other=0.0)
+
+
+@triton.jit
+def _paged_attention_kernel(
+    q_ptr, k_ptr, v_ptr, bt_ptr, len_ptr, o_ptr, scale,
+    stride_qs, stride_qh, stride_kb, stride_kt, stride_kh, stride_vb, stride_vt, stride_vh, stride_bts,
+    QG: tl.constexpr, D: tl.constexpr, BLOCK_SIZE: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr,
+    QG_PAD: tl.constexpr, D_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    seq, kvh = tl.program_id(0), tl.program_id(1)
+    n = tl.load(len_ptr + seq)
+    g = tl.arange(0, QG_PAD)  # [QP] query heads of this KV head
+    d = tl.arange(0, D_PAD)  # [DP]
+    g_ok, d_ok = g < QG, d < D
+    q_ptrs = seq * stride_qs + (kvh * QG + g)[:, None] * stride_qh + d[None, :]  # [QP, DP]
+    q = tl.load(q_ptr + q_ptrs, mask=g_ok[:, None] & d_ok[None, :], other=0.0).to(DOT_DTYPE)  # [QP, DP]
+    m_i = tl.full([QG_PAD], float("-inf"), tl.float32)  # running max
+    l_i = tl.zeros([QG_PAD], tl.float32)  # running softmax denominator
+    acc = tl.zeros([QG_PAD, D_PAD], tl.float32)
+    for start in range(0, n, BLOCK_N):
+        t = start + tl.arange(0, BLOCK_N)  # [BN] token positions
+        t_ok = t < n
+        block = tl.load(bt_ptr + seq * stride_bts + t // BLOCK_SIZE, mask=t_ok, other=0)  # [BN]
+        k = _load_tokens(k_ptr, block, t, t_ok, kvh, d, d_ok, stride_kb, stride_kt, stride_kh, BLOCK_SIZE)
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=PRECISION) * scale  # [QP, BN]
+        s = tl.where(t_ok[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        p = tl.exp(s - m_new[:, None])  # [QP, BN]
+        alpha = tl.exp(m_i - m_new)
+        v = _load_tokens(v_ptr, block, t, t_ok, kvh, d, d_ok, stride_vb, stride_vt, stride_vh, BLOCK_SIZE)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype).to(DOT_DTYPE), v.to(DOT_DTYPE), input_precision=PRECISION)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        m_i = m_new
+    out = acc / l_i[:, None]
+    tl.store(o_ptr + q_ptrs, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
+
+
+def _check(q, k_cache, v_cache, block_tables, context_lens) -> None:
+    check_dtype("q", q, FLOAT_DTYPES)
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError(f"q must be [seqs, heads, head_dim] and k_cache [blocks, block_size, kv_heads, head_dim], "
+                         f"got {list(q.shape)} and {list(k_cache.shape)}")
+    seqs, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != dim or heads % kv_heads:
+        raise ValueError(f"k_cache {list(k_cache.shape)} does not fit q {list(q.shape)}: head_dim must match and "
+                         f"heads must be a multiple of kv_heads")
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_dtype("k_cache", k_cache, (q.dtype,))
+    check_dtype("v_cache", v_cache, (q.dtype,))
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache must be contiguous along head_dim")
+    check_dtype("block_tables", block_tables, (torch.int32,))
+    check_dtype("context_lens", context_lens, (torch.int32,))
+    if block_tables.dim() != 2 or block_tables.shape[0] != seqs:
+        raise ValueError(f"block_tables must be [{seqs}, max_blocks_per_seq], got {list(block_tables.shape)}")
+    check_shape("context_lens", context_lens, (seqs,))
+    check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens)
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None) -> torch.Tensor:
+    """[S, H, D] decode attention of q over each sequence's cached tokens; see the module docstring."""
+    _check(q, k_cache, v_cache, block_tables, context_lens)
+    q, block_tables = q.contiguous(), block_tables.contiguous()
+    seqs, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    out = torch.empty_like(q)
+    _paged_attention_kernel[(seqs, kv_heads)](
+        q, k_cache, v_cache, block_tables, context_lens.contiguous(), out, dim**-0.5 if scale is None else scale,
+        q.stride(0), q.stride(1), *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        QG=heads // kv_heads, D=dim, BLOCK_SIZE=k_cache.shape[1], **dot_operands(q.dtype),
+        QG_PAD=max(16, triton.next_power_of_2(heads // kv_heads)), D_PAD=max(16, triton.next_power_of_2(dim)),
+        BLOCK_N=16 if interpreting() else 64,
+    )
+    return out

@@ -1,0 +1,23 @@
+"""compress.kernels exposes each op as a function that runs the reference on CPU tensors."""
+
+import importlib
+
+import torch
+
+import compress.kernels as kernels
+from compress.kernels import reference
+
+OPS = ["dequant_matmul", "dequantize_packed", "int8_outlier_matmul", "fp8_matmul", "paged_attention"]
+
+
+def test_ops_are_functions_even_after_importing_their_kernel_modules():
+    for name in ["dequant_matmul", "fp8_matmul", "paged_attention", "int8_matmul"]:
+        importlib.import_module(f"compress.kernels.{name}")
+    assert all(callable(getattr(kernels, op)) for op in OPS)
+
+
+def test_cpu_tensors_take_the_reference_path():
+    q = torch.randn(2, 4, 16)  # [S, H, D]
+    cache = torch.randn(4, 16, 2, 16)  # [blocks, block_size, KVH, D]
+    args = (q, cache, cache, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([20, 7], dtype=torch.int32))
+    assert torch.equal(kernels.paged_attention(*args), reference.paged_attention(*args))
