@@ -146,3 +146,25 @@ def record_inputs(block: nn.Module, x: torch.Tensor, names: list[str], keep_seqs
         block(chunk)
         rec.step(chunk)
     return rec.close()
+
+
+@torch.no_grad()
+def record_absmax(block: nn.Module, x: torch.Tensor, names: list[str], batch: int = 16) -> dict[str, torch.Tensor]:
+    """Run block on x [N, T, C]; per sub-module name, the max |input| per channel [C_in] (fp32)."""
+    amax: dict[str, torch.Tensor] = {}
+
+    def hook(name):
+        def fn(module, args, output):
+            m = args[0].detach().abs().reshape(-1, args[0].shape[-1]).amax(0).float()  # [C_in]
+            amax[name] = torch.maximum(amax[name], m) if name in amax else m
+
+        return fn
+
+    handles = [block.get_submodule(n).register_forward_hook(hook(n)) for n in names]
+    try:
+        for chunk in x.split(batch):
+            block(chunk)
+    finally:
+        for h in handles:
+            h.remove()
+    return amax

@@ -18,8 +18,8 @@ def cli():
 
 @cli.command()
 @click.argument("model")
-@click.option("--method", type=click.Choice(["awq", "rtn"]), default="awq", show_default=True)
-@click.option("--bits", type=int, default=4, show_default=True, help="4 or 3")
+@click.option("--method", type=click.Choice(["awq", "rtn", "int8", "fp8"]), default="awq", show_default=True)
+@click.option("--bits", type=int, default=4, show_default=True, help="4 or 3 (awq, rtn)")
 @click.option("--group-size", type=int, default=None, help="input columns per scale [default: 128, or 64/32 if 128 does not divide]")
 @click.option("--symmetric", is_flag=True, help="symmetric quantization (no zero points)")
 @click.option("--format", "fmt", type=click.Choice(["compressed-tensors", "awq"]), default="compressed-tensors", show_default=True)
@@ -27,15 +27,21 @@ def cli():
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--calib-seq-len", type=int, default=512, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--outlier-threshold", type=float, default=6.0, show_default=True,
+              help="int8: input dims whose calibration max |x| reaches this stay in fp16")
+@click.option("--outlier-topk", type=int, default=None, help="int8: instead, keep the K largest dims per Linear (0: no split)")
+@click.option("--static-activations", is_flag=True, help="fp8: calibrated per-tensor input scales instead of dynamic per-token")
 @click.option("-o", "--output", required=True, help="output directory")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
-def quantize(model, method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed, output, force, verbose):
+def quantize(model, method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
+             outlier_threshold, outlier_topk, static_activations, output, force, verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
     from compress.quantize import run_quantize
 
-    cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed)
+    cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
+                      outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations)
     run_quantize(model, cfg, output, force, verbose)
 
 
@@ -61,6 +67,41 @@ def info(model, gpu, batch, context):
     from compress.info import print_info
 
     print_info(model, gpu, batch, context)
+
+
+@cli.command()
+@click.argument("model")
+@click.argument("prompt")
+@click.option("--max-tokens", type=int, default=128, show_default=True)
+@click.option("--temperature", type=float, default=0.0, show_default=True, help="0 = greedy")
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off")
+@click.option("--seed", type=int, default=None, help="for reproducible sampling")
+@click.option("--chat", is_flag=True, help="wrap the prompt in the tokenizer's chat template")
+@click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: a fraction of free memory]")
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, kv_cache_memory):
+    """Generate a completion of PROMPT with MODEL on the runtime, streamed to the terminal."""
+    from compress.runtime.generate import run_generate
+
+    params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
+    run_generate(model, prompt, params, chat, kv_cache_memory)
+
+
+@cli.command()
+@click.argument("model")
+@click.option("--workload", type=click.Choice(["mixed"]), default="mixed", show_default=True)
+@click.option("--requests", type=int, default=64, show_default=True)
+@click.option("--max-prompt", type=int, default=512, show_default=True, help="prompt lengths are 16..max-prompt")
+@click.option("--max-new", type=int, default=256, show_default=True, help="max_tokens are 16..max-new")
+@click.option("--no-hf", is_flag=True, help="only our engine (no transformers baselines)")
+@click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
+@click.option("--max-num-batched-tokens", type=int, default=512, show_default=True)
+def bench(model, workload, requests, max_prompt, max_new, no_hf, kv_cache_memory, max_num_batched_tokens):
+    """Throughput, TTFT and inter-token latency of the runtime vs transformers on a seeded workload."""
+    from compress.runtime.bench import run_bench
+
+    engine = dict(kv_cache_memory=kv_cache_memory, max_num_batched_tokens=max_num_batched_tokens)
+    run_bench(model, requests, max_prompt, max_new, not no_hf, engine)
 
 
 def _terminate(signum, frame):

@@ -7,20 +7,32 @@ from pathlib import Path
 
 from compress import models, outdir
 from compress.manifest import write_manifest
-from compress.quant.apply import int_spec, quantize
+from compress.quant.apply import Spec, method_spec, quantize
 from compress.quant.config import QuantConfig
-from compress.quant.export import write_quantized
+from compress.quant.export import INT8_METHOD, write_quantized
+from compress.quant.fp8 import Fp8Spec
+from compress.quant.int8 import Int8Spec
 
 
 def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux reports KiB
 
 
+def describe(cfg: QuantConfig, spec: Spec, model) -> str:
+    if isinstance(spec, Int8Spec):
+        dims = [len(m.outlier_idx) for m in model.modules() if hasattr(m, "outlier_idx")]
+        return f"int8, {sum(dims)} outlier dims over {len(dims)} Linears, {INT8_METHOD}"
+    if isinstance(spec, Fp8Spec):
+        kind = "static per-tensor" if spec.static_activations else "dynamic per-token"
+        return f"fp8 e4m3, {kind} activations, compressed-tensors float-quantized"
+    return f"{cfg.method} int{spec.bits} g{spec.group_size}{' sym' if spec.symmetric else ''}, {cfg.format}"
+
+
 def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False, verbose: bool = False) -> Path:
     outdir.check_target(Path(output), force)  # fail before the slow part
     src = models.resolve(model)
     decoder = models.load_model(src)
-    int_spec(decoder, cfg)  # a group size that does not fit fails here, before calibration
+    method_spec(decoder, cfg)  # a group size or top-k that does not fit fails here, before calibration
     calib = None
     if cfg.needs_calibration:
         from compress.calib import calibration_tokens
@@ -38,11 +50,10 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
             write_quantized(decoder, spec, tmp, src)
         write_manifest(
             tmp,
-            recipe={"quantize": asdict(cfg) | {"group_size": spec.group_size}},
+            recipe={"quantize": asdict(cfg) | asdict(spec)},
             source={"model": model, "path": str(src)},
             stats={"quantize_seconds": round(seconds, 1), "peak_rss_mib": round(peak_rss_mib())},
             quality={},
         )
-    print(f"wrote {output} ({cfg.method} int{spec.bits} g{spec.group_size}{' sym' if spec.symmetric else ''}, "
-          f"{cfg.format}) in {seconds:.1f}s, peak RSS {peak_rss_mib():.0f} MiB")
+    print(f"wrote {output} ({describe(cfg, spec, decoder)}) in {seconds:.1f}s, peak RSS {peak_rss_mib():.0f} MiB")
     return Path(output)

@@ -41,6 +41,7 @@ def main(model, out, limit_tokens, group_size):
         seconds = time.perf_counter() - start
         ppl = perplexity(models.load_model(dest), tokens, pcfg, desc=f"{method} int{bits}")
         rows.append((f"{method} int{bits}", f"{seconds:.0f}", size_mib(dest), ppl))
+        print(f"done: {rows[-1]}", flush=True)  # a long run shows what it has so far
     base = rows[0][3]
     gaps = {name: ppl - base for name, _, _, ppl in rows}
     print(f"\nWikiText-2 test, 2048-token windows, {'first ' + str(limit_tokens) + ' tokens' if limit_tokens else 'all tokens'}")

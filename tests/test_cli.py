@@ -118,15 +118,42 @@ def test_rtn_quantize_writes_complete_output(fp_dir, tmp_path):
 def test_interrupted_quantize_leaves_no_output(tmp_path, tiny_dir, data_dir):
     out = tmp_path / "out"
     proc = subprocess.Popen([sys.executable, "-m", "compress.cli", "quantize", str(tiny_dir), "--method", "awq",
-                             "--calib-samples", "64", "-o", str(out)], stderr=subprocess.PIPE, text=True)
+                             "--calib-samples", "256", "-o", str(out)], stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline and not any(p.name.startswith(".out.partial") for p in tmp_path.iterdir()):
         if proc.poll() is not None:
             break
         time.sleep(0.2)
-    time.sleep(2)  # inside the search by now
-    assert proc.poll() is None, proc.stderr.read()
+    assert proc.poll() is None, proc.stderr.read()  # the search is running: staged output exists
     proc.send_signal(signal.SIGTERM)
     proc.wait(timeout=120)
     assert not out.exists()
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["--method", "int8", "--outlier-threshold", "0"], "--outlier-threshold must be > 0"),
+        (["--method", "int8", "--outlier-topk", "65"], "--outlier-topk 65 is larger than the narrowest Linear input (64"),
+    ],
+)
+def test_bad_int8_fp8_options(fp_dir, tmp_path, args, fragment):
+    out = tmp_path / "out"
+    assert_one_line_error(run("quantize", str(fp_dir), *args, "-o", str(out)), fragment)
+    assert not out.exists()
+
+
+def test_fp8_without_float8_dtypes(fp_dir, tmp_path):
+    script = "import sys, torch; del torch.float8_e4m3fn; from compress.cli import main; sys.argv[0] = 'compress'; main()"
+    res = subprocess.run([sys.executable, "-c", script, "quantize", str(fp_dir), "--method", "fp8", "-o", str(tmp_path / "out")],
+                         capture_output=True, text=True, timeout=300)
+    assert_one_line_error(res, "--method fp8 needs a torch with float8 dtypes")
+
+
+def test_int8_quantize_writes_complete_output(fp_dir, tmp_path):
+    out = tmp_path / "out"
+    res = run("quantize", str(fp_dir), "--method", "int8", "--outlier-topk", "0", "-o", str(out))  # top-0: no calibration
+    assert res.returncode == 0, res.stderr
+    assert read_json(out / "config.json")["quantization_config"]["quant_method"] == "compress-int8-outlier"
+    assert read_json(out / "compress.json")["recipe"]["quantize"]["outlier_topk"] == 0

@@ -12,11 +12,13 @@ from torch import nn
 from compress.errors import UserError
 from compress.model.arch import LAYER_LINEARS
 from compress.model.decoder import Decoder
-from compress.quant.config import QuantConfig
+from compress.quant.config import INT_METHODS, QuantConfig
+from compress.quant.fp8 import Fp8Spec
+from compress.quant.int8 import Int8Spec
 from compress.quant.linear import PackedLinear
-from compress.quant.primitives import IntSpec
+from compress.quant.primitives import DEFAULT_GROUP_SIZES, IntSpec, default_group_size
 
-GROUP_SIZES = (128, 64, 32)
+Spec = IntSpec | Int8Spec | Fp8Spec  # what a method produced: enough to write and describe it
 
 
 def layer_linears(block: nn.Module) -> dict[str, nn.Module]:
@@ -45,16 +47,33 @@ def resolve_group_size(model: Decoder, requested: int | None) -> int:
                 f"group sizes that work: {', '.join(map(str, fits)) or 'none of 256..16'}"
             )
         return requested
-    for g in GROUP_SIZES:
-        if all(w % g == 0 for w in sizes):
-            if g != GROUP_SIZES[0]:
-                print(f"group size {g}: 128 does not divide the Linear input widths {sizes}")
-            return g
-    raise UserError(f"no group size of {GROUP_SIZES} divides the Linear input widths {sizes}; pass --group-size")
+    g = default_group_size(set(sizes))
+    if g is None:
+        raise UserError(f"no group size of {DEFAULT_GROUP_SIZES} divides the Linear input widths {sizes}; pass --group-size")
+    if g != DEFAULT_GROUP_SIZES[0]:
+        print(f"group size {g}: 128 does not divide the Linear input widths {sizes}")
+    return g
 
 
 def int_spec(model: Decoder, cfg: QuantConfig) -> IntSpec:
     return IntSpec(cfg.bits, resolve_group_size(model, cfg.group_size), cfg.symmetric)
+
+
+def int8_spec(model: Decoder, cfg: QuantConfig) -> Int8Spec:
+    if cfg.outlier_topk is not None:
+        narrow = min(m.in_features for m in quantized_linears(model).values())
+        if cfg.outlier_topk > narrow:
+            raise UserError(f"--outlier-topk {cfg.outlier_topk} is larger than the narrowest Linear input ({narrow} features)")
+    return Int8Spec(cfg.outlier_threshold, cfg.outlier_topk)
+
+
+def method_spec(model: Decoder, cfg: QuantConfig) -> Spec:
+    """The spec of ``cfg`` for this model; options that do not fit the model fail here, before any work."""
+    if cfg.method in INT_METHODS:
+        return int_spec(model, cfg)
+    if cfg.method == "int8":
+        return int8_spec(model, cfg)
+    return Fp8Spec(cfg.static_activations)
 
 
 def swap_linears(block: nn.Module, make: Callable[[str, nn.Linear], nn.Module]) -> None:
@@ -70,9 +89,14 @@ def quantize_block(block: nn.Module, spec: IntSpec, clips: dict[str, torch.Tenso
     swap_linears(block, lambda name, lin: PackedLinear.from_float(lin, spec, clips.get(name)))
 
 
-def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None, verbose: bool = False) -> IntSpec:
+def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None, verbose: bool = False) -> Spec:
     """Quantize ``model`` in place with the method of ``cfg``; returns the spec it used."""
-    spec = int_spec(model, cfg)
+    spec = method_spec(model, cfg)
+    if cfg.method in ("int8", "fp8"):
+        from compress.quant.static_apply import fp8_quantize, int8_quantize
+
+        (int8_quantize if cfg.method == "int8" else fp8_quantize)(model, spec, calib)
+        return spec
     if cfg.method == "rtn":
         for block in model.model.layers:
             quantize_block(block, spec)

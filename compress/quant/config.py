@@ -4,7 +4,9 @@ from dataclasses import dataclass
 
 from compress.errors import UserError
 
-METHODS = ("awq", "rtn")
+METHODS = ("awq", "rtn", "int8", "fp8")
+INT_METHODS = ("awq", "rtn")  # group-quantized int4/int3
+OUTLIER_THRESHOLD = 6.0  # LLM.int8's |x| threshold
 FORMATS = ("compressed-tensors", "awq")
 
 
@@ -25,15 +27,18 @@ class QuantConfig:
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
     search_sequences: int = 8
     search_tokens: int = 4096
+    outlier_threshold: float = OUTLIER_THRESHOLD  # int8: input dims whose calibration max |x| reaches this stay in fp16
+    outlier_topk: int | None = None  # int8: instead, the K largest dims per Linear (0 = no split)
+    static_activations: bool = False  # fp8: calibrated per-tensor input scales instead of per-token
 
     def __post_init__(self):
         if self.method not in METHODS:
             raise UserError(f"--method {self.method} is not one of {', '.join(METHODS)}")
-        if self.bits not in (3, 4):
+        if self.method in INT_METHODS and self.bits not in (3, 4):
             raise UserError(f"--bits {self.bits} is not supported for {self.method}: use 4 or 3")
         if self.format not in FORMATS:
             raise UserError(f"--format {self.format} is not one of {', '.join(FORMATS)}")
-        if self.format == "awq" and (self.bits != 4 or self.symmetric):
+        if self.format == "awq" and (self.bits != 4 or self.symmetric or self.method not in INT_METHODS):
             raise UserError(
                 "--format awq (AutoAWQ GEMM) holds asymmetric 4-bit weights only; "
                 "use --format compressed-tensors for other bit widths and methods"
@@ -46,7 +51,28 @@ class QuantConfig:
             raise UserError("search_sequences and search_tokens must be at least 1")
         if self.grid < 1:
             raise UserError(f"grid must be at least 1, got {self.grid}")
+        self._check_int8_fp8()
+
+    def _check_int8_fp8(self) -> None:
+        if self.method not in INT_METHODS and (self.group_size is not None or self.symmetric):
+            raise UserError(f"--group-size and --symmetric apply to awq and rtn; --method {self.method} has one scale per output row")
+        if self.outlier_threshold <= 0:
+            raise UserError(f"--outlier-threshold must be > 0, got {self.outlier_threshold}")
+        if self.outlier_topk is not None and self.outlier_topk < 0:
+            raise UserError(f"--outlier-topk must be >= 0, got {self.outlier_topk}")
+        if self.method != "int8" and (self.outlier_topk is not None or self.outlier_threshold != OUTLIER_THRESHOLD):
+            raise UserError(f"--outlier-threshold and --outlier-topk apply to --method int8, not {self.method}")
+        if self.static_activations and self.method != "fp8":
+            raise UserError(f"--static-activations applies to --method fp8, not {self.method}")
+        if self.method == "fp8":
+            from compress.quant.fp8 import require_float8
+
+            require_float8()
 
     @property
     def needs_calibration(self) -> bool:
-        return self.method != "rtn"
+        if self.method == "int8":
+            return self.outlier_topk != 0
+        if self.method == "fp8":
+            return self.static_activations
+        return self.method == "awq"

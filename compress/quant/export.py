@@ -1,8 +1,9 @@
-"""Write and read quantized checkpoints (compressed-tensors pack-quantized).
+"""Write and read quantized checkpoints: compressed-tensors pack-quantized (int4/int3) and
+float-quantized (fp8), and our own int8-with-outliers format (docs/formats.md).
 
-The state dict of a quantized Decoder already carries compressed-tensors' tensor names
-(``*.weight_packed``, ``*.weight_scale``, ``*.weight_zero_point``, ``*.weight_shape``), so writing
-is saving it next to a config.json whose ``quantization_config`` describes the scheme.
+The state dict of a quantized Decoder already carries the tensor names of its format
+(``*.weight_packed``, ``*.weight_scale``, ``*.weight``, ``*.outlier_idx``, ...), so writing is
+saving it next to a config.json whose ``quantization_config`` describes the scheme.
 """
 
 import json
@@ -15,26 +16,35 @@ from compress.errors import UserError
 from compress.model import load
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
-from compress.quant.apply import swap_linears
-from compress.quant.linear import PackedLinear
+from compress.quant.apply import Spec, quantized_linears, swap_linears
+from compress.quant.fp8 import Fp8Spec
+from compress.quant.int8 import Int8Spec
+from compress.quant.linear import Fp8Linear, Int8OutlierLinear, PackedLinear
 from compress.quant.primitives import IntSpec
 
-CT_FORMAT = "pack-quantized"
+PACKED, FLOAT = "pack-quantized", "float-quantized"
+INT8_METHOD = "compress-int8-outlier"
+KEEP_DTYPE = (".weight_packed", ".weight_zero_point", ".weight_shape", ".outlier_idx", ".outlier_weight")
 
 
-def quantization_config(spec: IntSpec) -> dict:
-    weights = {
-        "num_bits": spec.bits, "type": "int", "symmetric": spec.symmetric, "strategy": "group",
-        "group_size": spec.group_size, "dynamic": False, "actorder": None, "observer": "minmax",
-        "observer_kwargs": {},
-    }
+def int_args(spec: IntSpec) -> dict:
+    return {"num_bits": spec.bits, "type": "int", "symmetric": spec.symmetric, "strategy": "group",
+            "group_size": spec.group_size, "dynamic": False, "actorder": None, "observer": "minmax", "observer_kwargs": {}}
+
+
+def fp8_args(strategy: str, dynamic: bool) -> dict:
+    return {"num_bits": 8, "type": "float", "symmetric": True, "strategy": strategy, "group_size": None,
+            "dynamic": dynamic, "actorder": None, "observer": None if dynamic else "minmax", "observer_kwargs": {}}
+
+
+def compressed_tensors_config(fmt: str, weights: dict, inputs: dict | None) -> dict:
     return {
         "quant_method": "compressed-tensors",
-        "format": CT_FORMAT,
+        "format": fmt,
         "quantization_status": "compressed",
         "config_groups": {
-            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": None,
-                        "output_activations": None, "format": CT_FORMAT}
+            "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": inputs,
+                        "output_activations": None, "format": fmt}
         },
         "ignore": ["lm_head"],
         "kv_cache_scheme": None,
@@ -42,20 +52,45 @@ def quantization_config(spec: IntSpec) -> dict:
     }
 
 
-def spec_from_config(qc: dict) -> IntSpec:
-    if qc.get("quant_method") != "compressed-tensors" or qc.get("format") != CT_FORMAT:
+def int8_config(spec: Int8Spec) -> dict:
+    return {
+        "quant_method": INT8_METHOD,
+        "version": 1,
+        "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+        "outliers": {"threshold": spec.outlier_threshold, "topk": spec.outlier_topk, "dtype": "float16"},
+        "ignore": ["lm_head"],
+    }
+
+
+def quantization_config(spec: Spec) -> dict:
+    if isinstance(spec, Int8Spec):
+        return int8_config(spec)
+    if isinstance(spec, Fp8Spec):
+        inputs = fp8_args("tensor", False) if spec.static_activations else fp8_args("token", True)
+        return compressed_tensors_config(FLOAT, fp8_args("channel", False), inputs)
+    return compressed_tensors_config(PACKED, int_args(spec), None)
+
+
+def spec_from_config(qc: dict) -> Spec:
+    if qc.get("quant_method") == INT8_METHOD:
+        return Int8Spec(qc["outliers"]["threshold"], qc["outliers"]["topk"])
+    if qc.get("quant_method") != "compressed-tensors" or qc.get("format") not in (PACKED, FLOAT):
         raise UserError(
             f"unsupported quantization_config (quant_method={qc.get('quant_method')}, format={qc.get('format')}); "
-            f"this version reads compressed-tensors {CT_FORMAT} checkpoints"
+            f"this version reads compressed-tensors {PACKED} / {FLOAT}, {INT8_METHOD} and AutoAWQ gemm checkpoints"
         )
     groups = list(qc["config_groups"].values())
     if len(groups) != 1:
         raise UserError(f"checkpoints with {len(groups)} quantization groups are not supported (one expected)")
+    if qc["format"] == FLOAT:
+        inputs = groups[0]["input_activations"] or {}
+        return Fp8Spec(static_activations=inputs.get("dynamic") is False)
     w = groups[0]["weights"]
     return IntSpec(w["num_bits"], w["group_size"], w["symmetric"])
 
 
-def write_quantized(model: Decoder, spec: IntSpec, out_dir: Path, source_dir: Path) -> None:
+def write_quantized(model: Decoder, spec: Spec, out_dir: Path, source_dir: Path) -> None:
     out_dir = Path(out_dir)
     save_file(load.state_for_saving(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     dtype = model.model.embed_tokens.weight.dtype
@@ -64,13 +99,31 @@ def write_quantized(model: Decoder, spec: IntSpec, out_dir: Path, source_dir: Pa
     load.copy_tokenizer(source_dir, out_dir)
 
 
+def empty_module(spec: Spec, lin: torch.nn.Linear, name: str, state: dict, dtype: torch.dtype) -> torch.nn.Module:
+    """The quantized module for ``spec``, shaped to receive ``name``'s tensors from ``state``."""
+    bias = lin.bias is not None
+    if isinstance(spec, Int8Spec):
+        return Int8OutlierLinear(lin.in_features, lin.out_features, state[f"{name}.outlier_idx"].numel(), bias, dtype)
+    if isinstance(spec, Fp8Spec):
+        return Fp8Linear(lin.in_features, lin.out_features, spec.static_activations, bias, dtype)
+    return PackedLinear(lin.in_features, lin.out_features, spec, bias, dtype)
+
+
+def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """Floating tensors to ``dtype``, except codes (fp8, int) and the fp16 outlier columns."""
+    def keep(k: str, v: torch.Tensor) -> bool:
+        return not v.is_floating_point() or v.dtype == torch.float8_e4m3fn or k.endswith(KEEP_DTYPE)
+
+    return {k: v if keep(k, v) else v.to(dtype) for k, v in state.items()}
+
+
 def load_quantized(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
+    """One of our compressed-tensors or int8-outlier exports -> Decoder with quantized modules."""
     raw = load.read_config(model_dir)
     spec = spec_from_config(raw["quantization_config"])
     cfg = ModelConfig.from_hf({k: v for k, v in raw.items() if k != "quantization_config"})
     model = load.build(cfg, dtype)
-    for block in model.model.layers:
-        swap_linears(block, lambda _, lin: PackedLinear(lin.in_features, lin.out_features, spec, lin.bias is not None, dtype))
     state = load.read_state_dict(model_dir)
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    return load.load_weights(model, state).eval()
+    for i, block in enumerate(model.model.layers):
+        swap_linears(block, lambda name, lin: empty_module(spec, lin, f"model.layers.{i}.{name}", state, dtype))
+    return load.load_weights(model, cast_state(state, dtype)).eval()

@@ -4,7 +4,7 @@ import torch
 from torch import nn
 
 from compress import kernels
-from compress.quant import packing
+from compress.quant import fp8, int8, packing
 from compress.quant.primitives import IntSpec, qparams, quantize
 
 
@@ -47,3 +47,74 @@ class PackedLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, bits={self.spec.bits}, group={self.spec.group_size}"
+
+
+class Int8OutlierLinear(nn.Module):
+    """LLM.int8 with calibrated outlier dims (see compress/quant/int8.py and docs/formats.md).
+
+    weight int8 [O, I] (outlier columns zero), weight_scale [O, 1], outlier_idx int32 [k],
+    outlier_weight fp16 [O, k].
+    """
+
+    def __init__(self, in_features: int, out_features: int, num_outliers: int, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
+        self.register_buffer("weight_scale", torch.zeros(out_features, 1, dtype=dtype))
+        self.register_buffer("outlier_idx", torch.zeros(num_outliers, dtype=torch.int32))
+        self.register_buffer("outlier_weight", torch.zeros(out_features, num_outliers, dtype=torch.float16))
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, outlier_idx: torch.Tensor) -> "Int8OutlierLinear":
+        w = linear.weight.detach()
+        new = cls(linear.in_features, linear.out_features, outlier_idx.numel(), linear.bias is not None, w.dtype)
+        q, scale, outliers = int8.split_weight(w, outlier_idx.to(w.device))
+        new.weight.copy_(q)
+        new.weight_scale.copy_(scale)
+        new.outlier_idx.copy_(outlier_idx)
+        new.outlier_weight.copy_(outliers)
+        if linear.bias is not None:
+            new.bias.data.copy_(linear.bias.detach())
+        return new.to(w.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.int8_outlier_matmul(x, self.weight, self.weight_scale, self.outlier_idx, self.outlier_weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, outliers={self.outlier_idx.numel()}"
+
+
+class Fp8Linear(nn.Module):
+    """fp8 e4m3 weights per output channel, activations per token (or one static input_scale).
+
+    weight float8_e4m3fn [O, I], weight_scale [O, 1], input_scale [1] (static activations only).
+    """
+
+    def __init__(self, in_features: int, out_features: int, static: bool, bias: bool, dtype: torch.dtype):
+        super().__init__()
+        self.in_features, self.out_features = in_features, out_features
+        self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.float8_e4m3fn))
+        self.register_buffer("weight_scale", torch.zeros(out_features, 1, dtype=dtype))
+        self.register_buffer("input_scale", torch.ones(1, dtype=dtype) if static else None)
+        self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
+
+    @classmethod
+    def from_float(cls, linear: nn.Linear, input_scale: torch.Tensor | None = None) -> "Fp8Linear":
+        w = linear.weight.detach()
+        new = cls(linear.in_features, linear.out_features, input_scale is not None, linear.bias is not None, w.dtype)
+        q, scale = fp8.quantize_weight(w)
+        new.weight.copy_(q)
+        new.weight_scale.copy_(scale)
+        if input_scale is not None:
+            new.input_scale.copy_(input_scale)
+        if linear.bias is not None:
+            new.bias.data.copy_(linear.bias.detach())
+        return new.to(w.device)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return kernels.fp8_matmul(x, self.weight, self.weight_scale, self.bias, self.input_scale)
+
+    def extra_repr(self) -> str:
+        kind = "static" if self.input_scale is not None else "dynamic per-token"
+        return f"in={self.in_features}, out={self.out_features}, e4m3, activations {kind}"

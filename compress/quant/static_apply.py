@@ -1,0 +1,60 @@
+"""Apply the methods calibrated by a statistic: int8 with outlier split, and fp8.
+
+Their calibration is one number per input dim of every Linear (max |x| over the calibration
+set), recorded block by block like AWQ's: each block sees the outputs of the already
+quantized blocks before it. int8.py and fp8.py compute from the statistics; the model changes here.
+"""
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from compress.calib import block_inputs, compute_device, on_device, record_absmax, run_block
+from compress.model.arch import LAYER_LINEARS
+from compress.model.decoder import Decoder
+from compress.quant.apply import swap_linears
+from compress.quant.fp8 import Fp8Spec, input_scale
+from compress.quant.int8 import Int8Spec, outlier_dims
+from compress.quant.linear import Fp8Linear, Int8OutlierLinear
+
+MakeLinear = Callable[[str, nn.Linear, torch.Tensor], nn.Module]  # (name, linear, max |x| [I]) -> module
+
+
+def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc: str) -> dict[str, torch.Tensor]:
+    """Swap every decoder Linear for ``make(name, linear, absmax)``; returns the statistics by full name."""
+    device = compute_device()
+    x = block_inputs(model, calib, device)  # [N, T, C]
+    positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]
+    stats = {}
+    for i, block in enumerate(tqdm(model.model.layers, desc=desc, unit="block")):
+        with on_device(block, device):
+            model.prepare(positions, x.dtype)
+            absmax = record_absmax(block, x, list(LAYER_LINEARS))
+            swap_linears(block, lambda name, lin: make(name, lin, absmax[name]))
+            x = run_block(block, x)
+        stats.update({f"model.layers.{i}.{name}": a.cpu() for name, a in absmax.items()})
+    return stats
+
+
+def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Int8OutlierLinear everywhere; ``calib`` may be None only for top-0 (no split)."""
+    if calib is None:
+        for block in model.model.layers:
+            swap_linears(block, lambda _, lin: Int8OutlierLinear.from_float(lin, outlier_dims(None, spec)))
+        return {}
+    return calibrated_swap(model, calib, lambda _, lin, a: Int8OutlierLinear.from_float(lin, outlier_dims(a, spec)), "int8 outliers")
+
+
+def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None) -> dict[str, torch.Tensor]:
+    """Fp8Linear everywhere; with static activations the input scales come from ``calib``."""
+    if not spec.static_activations:
+        for block in model.model.layers:
+            swap_linears(block, lambda _, lin: Fp8Linear.from_float(lin))
+        return {}
+
+    def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Fp8Linear:
+        return Fp8Linear.from_float(lin, input_scale(absmax, lin.weight.dtype))
+
+    return calibrated_swap(model, calib, make, "fp8 input scales")

@@ -1,0 +1,112 @@
+"""The runtime's attention backend for ``Decoder``: write each step's K/V into its cache slots, then
+attend per sequence over the sequence's blocks.
+
+The step's tokens arrive flattened as one [1, N] batch. Sequences with one new token (decodes)
+share one paged decode-attention call; sequences with several (a prompt, a prompt chunk, a
+recompute after preemption) each attend causally over their cached prefix plus their new tokens.
+KV layout (docs/kernels.md): k/v cache [num_blocks, block_size, KVH, D]; token t of a sequence is
+slot t % block_size of block block_table[t // block_size].
+"""
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from compress import kernels
+
+
+@dataclass
+class Prefill:
+    start: int  # first row of the sequence's new tokens in the flat batch
+    end: int
+    context: int  # tokens attended to: cached prefix + new tokens
+    blocks: torch.Tensor  # [ceil(context / block_size)] long, the sequence's blocks
+
+
+@dataclass
+class AttentionMetadata:
+    positions: torch.Tensor  # [N] long: position of every new token in its sequence
+    slots: torch.Tensor  # [N] long: cache slot (block * block_size + offset) of every new token
+    decode_rows: torch.Tensor  # [Sd] long: rows of the one-token sequences
+    decode_tables: torch.Tensor  # [Sd, MB] int32 block tables of those sequences
+    decode_lens: torch.Tensor  # [Sd] int32 context lengths (the new token included)
+    prefills: list[Prefill]
+
+    @classmethod
+    def build(cls, starts: list[int], lens: list[int], tables: list[list[int]], block_size: int, device) -> "AttentionMetadata":
+        """starts[i]: tokens of sequence i already cached; lens[i]: its new tokens; tables[i]: its blocks."""
+        width = max(len(t) for t in tables)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # [S, MB]
+        lens_t, starts_t = torch.tensor(lens), torch.tensor(starts)
+        seq_of_row = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # [N]
+        first_row = torch.cumsum(lens_t, 0) - lens_t  # [S]
+        positions = starts_t[seq_of_row] + torch.arange(seq_of_row.numel()) - first_row[seq_of_row]  # [N]
+        slots = table[seq_of_row, positions // block_size].long() * block_size + positions % block_size  # [N]
+        decode = (lens_t == 1).nonzero().flatten()  # [Sd]
+        decode_lens = (starts_t[decode] + 1).int()
+        decode_width = -(-int(decode_lens.max()) // block_size) if decode.numel() else 0
+        prefills = [
+            Prefill(int(first_row[i]), int(first_row[i]) + n, starts[i] + n, table[i, : -(-(starts[i] + n) // block_size)].long())
+            for i, n in enumerate(lens) if n > 1
+        ]
+        return cls(
+            positions.to(device), slots.to(device), first_row[decode].to(device), table[decode, :decode_width].to(device),
+            decode_lens.to(device), [Prefill(p.start, p.end, p.context, p.blocks.to(device)) for p in prefills],
+        )
+
+
+class PagedAttention:
+    """backend(layer, q [1, N, H, D], k, v [1, N, KVH, D]) -> [1, N, H, D] over the paged cache ``kv``."""
+
+    def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None):
+        self.kv = kv  # [2, L, num_blocks, block_size, KVH, D]
+        self.meta, self.window = meta, sliding_window
+
+    def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        k_cache, v_cache = self.kv[0, layer], self.kv[1, layer]  # [NB, bs, KVH, D]
+        kv_heads, dim = k_cache.shape[2:]
+        k_cache.view(-1, kv_heads, dim).index_copy_(0, self.meta.slots, k[0])
+        v_cache.view(-1, kv_heads, dim).index_copy_(0, self.meta.slots, v[0])
+        out = torch.empty_like(q[0])  # [N, H, D]
+        rows = self.meta.decode_rows
+        if rows.numel():
+            out.index_copy_(0, rows, self._decode(q[0, rows], k_cache, v_cache))
+        for p in self.meta.prefills:
+            out[p.start:p.end] = self._prefill(q[0, p.start:p.end], k[0, p.start:p.end], v[0, p.start:p.end], p, k_cache, v_cache)
+        return out[None]
+
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+        """[Sd, H, D]: one query per sequence over its cached tokens."""
+        tables, lens = self.meta.decode_tables, self.meta.decode_lens
+        if q.is_cuda and self.window is None:
+            return kernels.paged_attention(q, k_cache, v_cache, tables, lens)
+        # CPU: the same op as one batched call over the gathered blocks (padding masked out)
+        # instead of the reference's loop over sequences, which costs a Python loop per layer.
+        k = k_cache[tables.long()].flatten(1, 2).transpose(1, 2)  # [Sd, KVH, MB*bs, D]
+        v = v_cache[tables.long()].flatten(1, 2).transpose(1, 2)
+        j = torch.arange(k.shape[2], device=q.device)
+        mask = j[None] < lens[:, None]  # [Sd, MB*bs]
+        if self.window is not None:
+            mask &= j[None] >= lens[:, None] - self.window
+        out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None], enable_gqa=True)
+        return out[:, :, 0]  # [Sd, H, D]
+
+    def _prefill(self, q, k, v, p: Prefill, k_cache, v_cache) -> torch.Tensor:
+        """[n, H, D]: n new tokens, causal over the cached prefix and themselves."""
+        n, kv_heads, dim = k.shape
+        if p.context > n:  # a cached prefix: read every key from the cache
+            k = k_cache[p.blocks].reshape(-1, kv_heads, dim)[: p.context]  # [ctx, KVH, D]
+            v = v_cache[p.blocks].reshape(-1, kv_heads, dim)[: p.context]
+        causal = p.context == n and (self.window is None or n <= self.window)
+        mask = None
+        if not causal:
+            i = torch.arange(p.context - n, p.context, device=q.device)[:, None]  # query positions
+            j = torch.arange(p.context, device=q.device)[None]  # key positions
+            mask = j <= i  # [n, ctx]
+            if self.window is not None:
+                mask &= i - j < self.window
+        out = F.scaled_dot_product_attention(
+            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=causal, enable_gqa=True
+        )  # [H, n, D]
+        return out.transpose(0, 1)

@@ -1,0 +1,144 @@
+"""Paged KV blocks: allocation, ref counts, prefix caching by chained block hashes, copy-on-write.
+
+A block holds ``block_size`` consecutive tokens of one or more sequences. A full block whose
+K/V has been computed is registered under the hash of its tokens chained with the hash of the
+block before it, so a later request with the same prefix maps the same physical block
+(ref_count > 1) instead of computing it again. A freed block keeps its hash and stays findable
+until the pool hands it out again (oldest freed first), so "free" includes cached-but-unused.
+"""
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from compress.runtime.sequence import Sequence
+
+
+@dataclass
+class Block:
+    id: int
+    ref_count: int = 0
+    hash: int | None = None
+    token_ids: tuple[int, ...] = ()  # the tokens behind `hash`, compared on a hit
+
+
+def chain_hash(prev: int | None, token_ids: tuple[int, ...]) -> int:
+    return hash((prev, token_ids))
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
+        self.block_size, self.prefix_caching = block_size, prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # eviction order
+        self.cached: dict[int, int] = {}  # block hash -> block id
+        # Counters for tests and benchmarks.
+        self.num_allocated = 0  # blocks handed out fresh (not prefix hits)
+        self.num_prefix_hits = 0  # blocks reused through the prefix cache
+        self.num_cow_copies = 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.blocks)
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    def blocks_needed(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def take_cached_prefix(self, seq: Sequence) -> None:
+        """Map the leading full blocks of a new sequence that are in the prefix cache; sets num_computed.
+
+        At least one token is left to compute (its logits are needed): when the whole prompt is
+        cached, the last token is recomputed, and its write into the shared block copies it first.
+        """
+        if not self.prefix_caching:
+            return
+        prev = None
+        for start in range(0, seq.num_tokens - self.block_size + 1, self.block_size):
+            tokens = tuple(seq.token_ids[start:start + self.block_size])
+            prev = chain_hash(prev, tokens)
+            block_id = self.cached.get(prev)
+            if block_id is None or self.blocks[block_id].token_ids != tokens:
+                break
+            self._ref(block_id)
+            seq.block_table.append(block_id)
+            seq.block_hashes.append(prev)
+        self.num_prefix_hits += len(seq.block_table)
+        seq.num_computed = min(len(seq.block_table) * self.block_size, seq.num_tokens - 1)
+
+    def undo_prefix(self, seq: Sequence) -> None:
+        """Give back what take_cached_prefix mapped, for a sequence that could not be admitted after all."""
+        self.num_prefix_hits -= len(seq.block_table)
+        self.free(seq)
+
+    def can_append(self, seq: Sequence, num_new: int) -> bool:
+        return self._new_blocks(seq, num_new) <= self.num_free
+
+    def append(self, seq: Sequence, num_new: int) -> list[tuple[int, int]]:
+        """Give seq room for num_new more tokens; returns (src, dst) block copies to make first."""
+        copies = self._copy_on_write(seq)
+        for _ in range(self.blocks_needed(seq.num_computed + num_new) - len(seq.block_table)):
+            seq.block_table.append(self._allocate())
+        return copies
+
+    def commit(self, seq: Sequence) -> None:
+        """Register the newly completed full blocks of seq (their K/V now computed) in the prefix cache."""
+        if not self.prefix_caching:
+            return
+        bs = self.block_size
+        for i in range(len(seq.block_hashes), seq.num_computed // bs):
+            tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
+            h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
+            seq.block_hashes.append(h)
+            block = self.blocks[seq.block_table[i]]
+            block.hash, block.token_ids = h, tokens
+            self.cached.setdefault(h, block.id)
+
+    def free(self, seq: Sequence) -> None:
+        # Tail blocks first, so that when the pool evicts, a shared prefix outlives the suffixes.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_ids[block_id] = None
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed = 0
+
+    def _new_blocks(self, seq: Sequence, num_new: int) -> int:
+        grow = max(self.blocks_needed(seq.num_computed + num_new) - len(seq.block_table), 0)
+        return grow + (1 if self._shared_write_target(seq) is not None else 0)
+
+    def _shared_write_target(self, seq: Sequence) -> int | None:
+        """Index in the block table of a block shared with others that the next write lands in."""
+        index = seq.num_computed // self.block_size
+        if index < len(seq.block_table) and self.blocks[seq.block_table[index]].ref_count > 1:
+            return index
+        return None
+
+    def _copy_on_write(self, seq: Sequence) -> list[tuple[int, int]]:
+        index = self._shared_write_target(seq)
+        if index is None:
+            return []
+        src = seq.block_table[index]
+        self.blocks[src].ref_count -= 1
+        seq.block_table[index] = self._allocate()
+        self.num_cow_copies += 1
+        return [(src, seq.block_table[index])]
+
+    def _ref(self, block_id: int) -> None:
+        block = self.blocks[block_id]
+        if block.ref_count == 0:
+            del self.free_ids[block_id]
+        block.ref_count += 1
+
+    def _allocate(self) -> int:
+        block_id, _ = self.free_ids.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.hash is not None and self.cached.get(block.hash) == block_id:
+            del self.cached[block.hash]
+        block.hash, block.token_ids, block.ref_count = None, (), 1
+        self.num_allocated += 1
+        return block_id

@@ -1,0 +1,41 @@
+"""EngineConfig: the knobs of the runtime, validated once when the engine is built."""
+
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import UserError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@dataclass
+class EngineConfig:
+    max_num_seqs: int = 64  # sequences running at once (and scheduled per step)
+    max_num_batched_tokens: int = 512  # token budget of one step; longer prompts are prefilled in chunks
+    block_size: int = 16  # tokens per KV block
+    kv_cache_memory: int | None = None  # bytes for the KV pool; None: kv_cache_fraction of free memory
+    kv_cache_fraction: float = 0.1
+    max_model_len: int | None = None  # None: the model's max_position_embeddings
+    enable_prefix_caching: bool = True
+    dtype: str = "float32"
+    device: str = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def __post_init__(self):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+            if getattr(self, name) <= 0:
+                raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
+            raise UserError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
+        if not 0 < self.kv_cache_fraction <= 1:
+            raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
+        if self.max_model_len is not None and self.max_model_len <= 1:
+            raise UserError(f"max_model_len must be at least 2, got {self.max_model_len}")
+        if self.dtype not in DTYPES:
+            raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+        if self.device.startswith("cuda") and not torch.cuda.is_available():
+            raise UserError(f"device {self.device} requested but CUDA is not available")
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]

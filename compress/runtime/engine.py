@@ -1,0 +1,125 @@
+"""LLM: the engine's public face. Glue only: tokenizer -> scheduler -> model runner -> sampler."""
+
+from collections.abc import Iterator
+from itertools import count
+from pathlib import Path
+
+from compress.errors import UserError
+from compress.models import load_model, load_tokenizer, resolve
+from compress.runtime.block_manager import BlockManager
+from compress.runtime.config import EngineConfig
+from compress.runtime.detokenizer import Detokenizer
+from compress.runtime.model_runner import ModelRunner
+from compress.runtime.output import RequestOutput
+from compress.runtime.sampler import Sampler
+from compress.runtime.scheduler import Scheduler
+from compress.runtime.sequence import SamplingParams, Sequence
+
+Prompt = str | list[int]
+
+
+def eos_ids(model_eos, tokenizer) -> frozenset[int]:
+    ids = set(model_eos if isinstance(model_eos, list) else [model_eos])
+    ids.add(tokenizer.eos_token_id)
+    return frozenset(i for i in ids if i is not None)
+
+
+class LLM:
+    """``LLM(model, **EngineConfig fields).generate(prompts, SamplingParams(...))``."""
+
+    def __init__(self, model: str | Path, **config):
+        self.config = EngineConfig(**config)
+        model_dir = resolve(str(model))
+        self.tokenizer = load_tokenizer(model_dir)
+        decoder = load_model(model_dir, self.config.torch_dtype)
+        self.vocab_size, context = decoder.cfg.vocab_size, decoder.cfg.max_position_embeddings
+        self.max_model_len = min(self.config.max_model_len or context, context)
+        self.eos_token_ids = eos_ids(decoder.cfg.eos_token_id, self.tokenizer)
+        self.runner = ModelRunner(decoder, self.config, self.max_model_len)
+        self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
+        self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
+        self.sampler = Sampler()
+        self.detokenizer = Detokenizer(self.tokenizer)
+        self.requests: dict[int, Sequence] = {}  # unfinished, by request id
+        self._ids = count()
+
+    def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
+        """Queue one request; a bad one raises UserError and leaves the engine as it was."""
+        seq = self._sequence(prompt, params or SamplingParams())
+        self._enqueue(seq)
+        return seq.id
+
+    def abort(self, request_id: int) -> None:
+        """Stop a request and free its blocks; unknown or finished ids are ignored."""
+        seq = self.requests.pop(request_id, None)
+        if seq is not None:
+            self.scheduler.finish(seq, "abort")
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    def step(self) -> list[RequestOutput]:
+        """Run one scheduled step; an output for every request that sampled a token."""
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        logits = self.runner.run(batch)  # [S, V]
+        sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
+        tokens = self.sampler(logits, sampling)
+        self.scheduler.postprocess(batch, tokens)
+        for seq in sampling:
+            if seq.params.stop and not seq.finished and self.detokenizer.hits_stop(seq):
+                self.scheduler.finish(seq, "stop")
+        return [self._output(seq, [token]) for seq, token in zip(sampling, tokens)]
+
+    def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
+        """Run prompts to completion (together with whatever else is queued); outputs in prompt order."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]
+        params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
+        if len(params) != len(prompts):
+            raise UserError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
+        seqs = [self._sequence(p, sp) for p, sp in zip(prompts, params)]  # validate all before queuing any
+        for seq in seqs:
+            self._enqueue(seq)
+        done: dict[int, RequestOutput] = {}
+        while not all(seq.finished for seq in seqs):
+            done.update((out.request_id, out) for out in self.step() if out.finished)
+        return [done[seq.id] for seq in seqs]
+
+    def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
+        """Text of one request as it is generated (other queued requests are served alongside)."""
+        seq = self._sequence(prompt, params or SamplingParams())
+        self._enqueue(seq)
+        sent = 0
+        while not seq.finished:
+            self.step()
+            text = self.detokenizer.text(seq)
+            if len(text) > sent:
+                yield text[sent:]
+                sent = len(text)
+
+    def _sequence(self, prompt: Prompt, params: SamplingParams) -> Sequence:
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise UserError("the prompt is empty")
+        if not all(0 <= t < self.vocab_size for t in ids):
+            raise UserError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if len(ids) >= self.max_model_len:
+            raise UserError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_model_len} "
+                            f"and at least one token must be left to generate")
+        need = self.blocks.blocks_needed(min(len(ids) + params.max_tokens, self.max_model_len))
+        if need > self.blocks.num_blocks:
+            raise UserError(f"the request needs {need} KV blocks and the pool has {self.blocks.num_blocks}; "
+                            f"shorten it or give the engine more kv_cache_memory")
+        return Sequence(next(self._ids), ids, params, self.eos_token_ids)
+
+    def _enqueue(self, seq: Sequence) -> None:
+        self.requests[seq.id] = seq
+        self.scheduler.add(seq)
+
+    def _output(self, seq: Sequence, new_token_ids: list[int]) -> RequestOutput:
+        if not seq.finished:
+            return RequestOutput(seq.id, new_token_ids, seq.output_token_ids)
+        self.requests.pop(seq.id, None)
+        return RequestOutput(seq.id, new_token_ids, seq.output_token_ids, self.detokenizer.text(seq), True, seq.finish_reason)

@@ -1,0 +1,86 @@
+"""ModelRunner: owns the Decoder and the KV cache; runs one scheduled step as one flat token batch."""
+
+import sys
+from itertools import accumulate
+
+import psutil
+import torch
+from torch import nn
+
+from compress.errors import UserError
+from compress.model.decoder import Decoder
+from compress.quant.linear import PackedLinear
+from compress.runtime.attention import AttentionMetadata, PagedAttention
+from compress.runtime.config import EngineConfig
+from compress.runtime.scheduler import ScheduledBatch
+
+
+def dense_packed_linears(model: nn.Module) -> int:
+    """Swap every int4/int3 PackedLinear for a plain Linear holding its dequantized weight; returns how many.
+
+    On CPU a PackedLinear unpacks its weight on every forward (the reference path computes
+    x @ dequant(W)^T), which would dominate decode. The runtime pays that once at start
+    instead: same math, same outputs, at the memory cost of a dense weight.
+    """
+    swaps = [(name, m) for name, m in model.named_modules() if isinstance(m, PackedLinear)]
+    for name, m in swaps:
+        parent, _, attr = name.rpartition(".")
+        dense = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, dtype=m.weight_scale.dtype)
+        dense.weight.data = m.dequantized()
+        if m.bias is not None:
+            dense.bias.data = m.bias.data
+        setattr(model.get_submodule(parent), attr, dense)
+    return len(swaps)
+
+
+def free_memory(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return psutil.virtual_memory().available
+
+
+class ModelRunner:
+    def __init__(self, model: Decoder, config: EngineConfig, max_model_len: int):
+        self.config, self.device = config, torch.device(config.device)
+        self.model = model.to(self.device).eval()
+        if self.device.type == "cpu" and dense_packed_linears(self.model):
+            print("runtime: int4/int3 weights dequantized once for the CPU path", file=sys.stderr)
+        cfg = model.cfg
+        self.block_size = config.block_size
+        self.num_blocks = self._pool_blocks(max_model_len)
+        self.kv = torch.zeros(  # [2 (k, v), L, num_blocks, block_size, KVH, D]
+            2, cfg.num_layers, self.num_blocks, self.block_size, cfg.num_kv_heads, cfg.head_dim,
+            dtype=config.torch_dtype, device=self.device,
+        )
+        mib = self.kv.numel() * self.kv.element_size() / 2**20
+        print(f"runtime: KV cache {self.num_blocks} blocks x {self.block_size} tokens ({mib:.1f} MiB)", file=sys.stderr)
+
+    def block_bytes(self) -> int:
+        cfg = self.model.cfg
+        itemsize = torch.empty((), dtype=self.config.torch_dtype).element_size()
+        return 2 * cfg.num_layers * self.config.block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+
+    def _pool_blocks(self, max_model_len: int) -> int:
+        """Blocks that fit the byte budget, capped at what max_num_seqs full-length sequences could use."""
+        budget = self.config.kv_cache_memory or int(free_memory(self.device) * self.config.kv_cache_fraction)
+        blocks = budget // self.block_bytes()
+        if blocks < 1:
+            raise UserError(f"the KV cache budget of {budget} bytes is less than one block ({self.block_bytes()} bytes)")
+        return min(blocks, self.config.max_num_seqs * -(-max_model_len // self.block_size))
+
+    @torch.inference_mode()
+    def run(self, batch: ScheduledBatch) -> torch.Tensor:
+        """Logits [S, V] (fp32) at the last token of every sequence that samples this step, in batch order."""
+        self._copy_blocks(batch.copies)
+        starts = [s.num_computed for s in batch.seqs]
+        ids = [t for s, c, n in zip(batch.seqs, starts, batch.num_new_tokens) for t in s.token_ids[c:c + n]]
+        meta = AttentionMetadata.build(starts, batch.num_new_tokens, [s.block_table for s in batch.seqs], self.block_size, self.device)
+        last_rows = [end - 1 for i, end in enumerate(accumulate(batch.num_new_tokens)) if batch.samples(i)]
+        backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window)
+        h = self.model.hidden(torch.tensor([ids], device=self.device), meta.positions[None], backend)  # [1, N, C]
+        return self.model.lm_head(h[0, last_rows]).float()  # [S, V]
+
+    def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
+        if copies:
+            src, dst = (torch.tensor(c, device=self.device) for c in zip(*copies))
+            self.kv[:, :, dst] = self.kv[:, :, src]

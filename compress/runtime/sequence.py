@@ -1,0 +1,88 @@
+"""A request's state as it moves through the engine, and the SamplingParams it was sent with."""
+
+import enum
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import UserError
+
+
+@dataclass
+class SamplingParams:
+    """How one request is decoded. temperature 0 is greedy; top_k 0 and top_p 1 switch those filters off."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self):
+        self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+        self.stop_token_ids = tuple(self.stop_token_ids)
+        if self.max_tokens <= 0:
+            raise UserError(f"max_tokens must be positive, got {self.max_tokens}")
+        if self.temperature < 0:
+            raise UserError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise UserError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
+        if any(not s for s in self.stop):
+            raise UserError("stop strings must not be empty")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+class Sequence:
+    """Tokens (prompt + output), how many of them have KV in the cache, and the blocks that hold it.
+
+    After a preemption ``num_computed`` drops to 0 and the whole of ``token_ids`` (prompt and
+    output so far) is prefilled again; sampling resumes where it stopped.
+    """
+
+    def __init__(self, seq_id: int, prompt_token_ids: list[int], params: SamplingParams, eos_token_ids: frozenset[int]):
+        self.id = seq_id
+        self.token_ids = list(prompt_token_ids)
+        self.num_prompt_tokens = len(prompt_token_ids)
+        self.params = params
+        self.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
+        self.status = Status.WAITING
+        self.num_computed = 0  # tokens whose K/V are in the cache
+        self.block_table: list[int] = []  # physical block ids, in token order
+        self.block_hashes: list[int] = []  # chained hashes of the leading full blocks, once computed
+        self.finish_reason: str | None = None
+        self.text = ""  # detokenized output, kept up to date only where needed (streaming, stop strings)
+        self.generator = torch.Generator()
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(params.seed)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.token_ids) - self.num_prompt_tokens
+
+    @property
+    def finished(self) -> bool:
+        return self.status is Status.FINISHED

@@ -1,0 +1,30 @@
+"""QuantConfig refuses options that do not belong to the chosen method."""
+
+import pytest
+
+from compress.errors import UserError
+from compress.quant.config import QuantConfig
+
+
+@pytest.mark.parametrize(
+    "kwargs,fragment",
+    [
+        (dict(method="fp8", outlier_topk=4), "apply to --method int8"),
+        (dict(method="awq", outlier_threshold=3.0), "apply to --method int8"),
+        (dict(method="int8", static_activations=True), "--static-activations applies to --method fp8"),
+        (dict(method="int8", group_size=32), "--group-size and --symmetric apply to awq and rtn"),
+        (dict(method="fp8", format="awq"), "--format awq"),
+        (dict(method="int8", outlier_topk=-1), "--outlier-topk must be >= 0"),
+        (dict(method="int8", outlier_threshold=-2.0), "--outlier-threshold must be > 0"),
+    ],
+)
+def test_bad_int8_fp8_options(kwargs, fragment):
+    with pytest.raises(UserError, match=fragment):
+        QuantConfig(**kwargs)
+
+
+def test_calibration_only_when_a_statistic_is_needed():
+    assert QuantConfig(method="int8").needs_calibration
+    assert not QuantConfig(method="int8", outlier_topk=0).needs_calibration
+    assert not QuantConfig(method="fp8").needs_calibration
+    assert QuantConfig(method="fp8", static_activations=True).needs_calibration

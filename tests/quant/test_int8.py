@@ -1,0 +1,78 @@
+"""int8 with calibrated outlier dims: detection, the split's benefit, export and reload."""
+
+import torch
+
+from compress.models import load_model
+from compress.quant.apply import quantize
+from compress.quant.config import QuantConfig
+from compress.quant.export import write_quantized
+from compress.quant.int8 import Int8Spec, outlier_dims
+from compress.quant.linear import Int8OutlierLinear
+from compress.quant.static_apply import int8_quantize
+from tests.conftest import save_hf, tiny_hf
+
+PLANTED = {0: [3, 17, 40], 1: [9, 50]}  # layer -> hidden dims whose norm weight is scaled up
+NORM_FED = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
+
+
+def planted_model(tmp_path):
+    """A tiny Llama whose norms make the planted hidden dims ~30x larger than the others."""
+    hf = tiny_hf("llama")
+    with torch.no_grad():
+        for layer, dims in PLANTED.items():
+            for norm in ("input_layernorm", "post_attention_layernorm"):
+                getattr(hf.model.layers[layer], norm).weight[dims] *= 30
+    return save_hf(hf, tmp_path / "src")
+
+
+def calib_tokens(n: int = 4, t: int = 32) -> torch.Tensor:
+    return torch.randint(0, 256, (n, t), generator=torch.Generator().manual_seed(0))
+
+
+def test_outlier_dims_threshold_and_topk():
+    absmax = torch.tensor([1.0, 7.0, 6.0, 0.5, 30.0])
+    assert outlier_dims(absmax, Int8Spec(6.0, None)).tolist() == [1, 2, 4]
+    assert outlier_dims(absmax, Int8Spec(6.0, 2)).tolist() == [1, 4]
+    assert outlier_dims(None, Int8Spec(6.0, 0)).tolist() == []
+    assert outlier_dims(absmax, Int8Spec(6.0, None)).dtype == torch.int32
+
+
+def test_calibration_finds_planted_dims(tmp_path):
+    model = load_model(planted_model(tmp_path))
+    stats = int8_quantize(model, Int8Spec(6.0, None), calib_tokens())
+    for i, block in enumerate(model.model.layers):
+        for name in NORM_FED:
+            assert block.get_submodule(name).outlier_idx.tolist() == PLANTED[i], (i, name)
+        assert block.self_attn.o_proj.outlier_idx.numel() == 0, i  # fed by attention, not by a norm
+        # (down_proj's input, gate * up, inherits large values from the planted dims: not asserted)
+    assert stats["model.layers.0.self_attn.q_proj"].shape == (64,)
+
+
+def test_split_beats_no_split(tmp_path):
+    src = planted_model(tmp_path)
+    fp = load_model(src)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    errors = {}
+    for topk in (None, 0):
+        model = load_model(src)
+        cfg = QuantConfig(method="int8", outlier_topk=topk)
+        quantize(model, cfg, calib_tokens() if cfg.needs_calibration else None)
+        with torch.no_grad():
+            errors[topk] = ((model(ids) - fp(ids)).norm() / fp(ids).norm()).item()
+    assert errors[None] * 2 < errors[0], errors
+
+
+def test_export_reload_same_logits(tmp_path):
+    src = planted_model(tmp_path)
+    model = load_model(src)
+    spec = quantize(model, QuantConfig(method="int8"), calib_tokens())
+    out = tmp_path / "out"
+    out.mkdir()
+    write_quantized(model, spec, out, src)
+    reloaded = load_model(out)
+    q = reloaded.model.layers[1].mlp.up_proj
+    assert isinstance(q, Int8OutlierLinear) and q.outlier_idx.tolist() == PLANTED[1]
+    assert q.weight.dtype == torch.int8 and q.outlier_weight.dtype == torch.float16
+    ids = torch.randint(0, 256, (2, 12))
+    with torch.no_grad():
+        assert torch.equal(model(ids), reloaded(ids))

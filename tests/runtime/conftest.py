@@ -1,0 +1,36 @@
+"""Runtime fixtures: engines over the tiny random checkpoint (SmolLM2's tokenizer) and transformers' greedy reference."""
+
+import pytest
+import torch
+
+from compress.model.config import ModelConfig
+from compress.model.load import read_config
+from compress.runtime import LLM
+
+
+def make_llm(model_dir, blocks: int | None = None, **config) -> LLM:
+    """An engine whose KV pool has exactly `blocks` blocks of 16 fp32 tokens (default: plenty)."""
+    cfg = ModelConfig.from_hf(read_config(model_dir))
+    block_bytes = 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4
+    return LLM(model_dir, kv_cache_memory=(blocks or 1024) * block_bytes, **config)
+
+
+def hf_greedy(hf, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
+    """transformers' generate, greedy, never stopping early (the engine runs with ignore_eos)."""
+    hf.generation_config.eos_token_id = None
+    ids = torch.tensor([prompt_ids])
+    out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, do_sample=False,
+                      eos_token_id=None, pad_token_id=0)
+    return out[0, len(prompt_ids):].tolist()
+
+
+def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]
+
+
+@pytest.fixture(scope="session")
+def hf_tiny(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()

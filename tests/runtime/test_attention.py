@@ -1,0 +1,57 @@
+"""The paged backend against the kernels' reference (decode) and dense causal attention (prefill)."""
+
+import torch
+import torch.nn.functional as F
+
+from compress.kernels import reference
+from compress.runtime.attention import AttentionMetadata, PagedAttention
+
+L, NB, BS, H, KV, D = 1, 12, 4, 4, 2, 8
+
+
+def dense_causal(q, k, v):
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True, enable_gqa=True)
+    return out.transpose(0, 1)  # [T, H, D]
+
+
+def test_mixed_step_matches_reference_and_dense():
+    torch.manual_seed(0)
+    kv = torch.randn(2, L, NB, BS, KV, D)
+    tables = [[3, 0, 7], [5], [1, 2, 4, 6], [8, 9]]
+    starts = [9, 2, 5, 0]  # tokens cached before this step
+    lens = [1, 1, 6, 7]  # two decodes, a prefill after a cached prefix, a fresh prefill
+    meta = AttentionMetadata.build(starts, lens, tables, BS, "cpu")
+    n = sum(lens)
+    q, k, v = torch.randn(1, n, H, D), torch.randn(1, n, KV, D), torch.randn(1, n, KV, D)
+    out = PagedAttention(kv, meta, None)(0, q, k, v)[0]  # [N, H, D]
+
+    flat_k, flat_v = kv[0, 0].view(-1, KV, D), kv[1, 0].view(-1, KV, D)
+    assert torch.equal(flat_k[meta.slots], k[0]) and torch.equal(flat_v[meta.slots], v[0])
+    ref = reference.paged_attention(
+        q[0, :2], kv[0, 0], kv[1, 0], torch.tensor([[3, 0, 7], [5, 0, 0]], dtype=torch.int32), torch.tensor([10, 3], dtype=torch.int32)
+    )
+    torch.testing.assert_close(out[:2], ref, atol=1e-5, rtol=1e-5)
+
+    def seq_kv(i):  # the whole context of sequence i, read back through its block table
+        blocks = torch.tensor(tables[i])
+        return (c[blocks].reshape(-1, KV, D)[: starts[i] + lens[i]] for c in (kv[0, 0], kv[1, 0]))
+
+    k2, v2 = seq_kv(2)  # [11, KV, D]
+    q2 = torch.cat([torch.randn(5, H, D), q[0, 2:8]])  # queries of the cached tokens do not matter
+    torch.testing.assert_close(out[2:8], dense_causal(q2, k2, v2)[5:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[8:], dense_causal(q[0, 8:], k[0, 8:], v[0, 8:]), atol=1e-5, rtol=1e-5)
+
+
+def test_sliding_window_masks_old_tokens():
+    torch.manual_seed(1)
+    kv = torch.randn(2, L, NB, BS, KV, D)
+    meta = AttentionMetadata.build([10], [1], [[0, 1, 2]], BS, "cpu")
+    q, k, v = torch.randn(1, 1, H, D), torch.randn(1, 1, KV, D), torch.randn(1, 1, KV, D)
+    out = PagedAttention(kv, meta, 3)(0, q, k, v)[0]
+    # Only positions 8, 9, 10 count: slots 0-2 of block 2, i.e. the reference over block 2 with 3 tokens.
+    ref = reference.paged_attention(
+        q[0], kv[0, 0], kv[1, 0], torch.tensor([[2]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
+    )
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    unwindowed = PagedAttention(kv, meta, None)(0, q, k, v)[0]
+    assert (unwindowed - ref).abs().max() > 1e-3
