@@ -12,6 +12,7 @@ from compress.quant.config import QuantConfig
 from compress.quant.export import INT8_METHOD, write_quantized
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
+from compress.quant.primitives import DEFAULT_GROUP_SIZES, IntSpec
 
 
 def peak_rss_mib() -> float:
@@ -32,7 +33,9 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
     outdir.check_target(Path(output), force)  # fail before the slow part
     src = models.resolve(model)
     decoder = models.load_model(src)
-    method_spec(decoder, cfg)  # a group size or top-k that does not fit fails here, before calibration
+    first = method_spec(decoder, cfg)  # a group size or top-k that does not fit fails here, before calibration
+    if isinstance(first, IntSpec) and cfg.group_size is None and first.group_size != DEFAULT_GROUP_SIZES[0]:
+        print(f"group size {first.group_size}: {DEFAULT_GROUP_SIZES[0]} does not divide every quantized Linear's in_features")
     calib = None
     if cfg.needs_calibration:
         from compress.calib import calibration_tokens

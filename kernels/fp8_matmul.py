@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from compress.kernels.tiles import scaled_matmul_configs
 from compress.kernels.checks import FLOAT_DTYPES, check_bias, check_device, check_dtype, check_shape, interpreting
 
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
@@ -86,17 +87,8 @@ def _fp8_matmul_kernel(
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _configs(decode: bool) -> list[triton.Config]:
-    """Tiles for M <= 16 (decode: one 16-row tile, narrow column tiles for more programs) or larger M."""
-    if interpreting():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})]
-    rows, cols = ((16,), (32, 64, 128)) if decode else ((64, 128), (64, 128))
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=3)
-            for bm in rows for bn in cols for bk in (64, 128)]
-
-
-_decode = triton.autotune(configs=_configs(True), key=["N", "K", "STATIC"])(_fp8_matmul_kernel)
-_prefill = triton.autotune(configs=_configs(False), key=["N", "K", "STATIC"])(_fp8_matmul_kernel)
+_decode = triton.autotune(configs=scaled_matmul_configs(True), key=["N", "K", "STATIC"])(_fp8_matmul_kernel)
+_prefill = triton.autotune(configs=scaled_matmul_configs(False), key=["N", "K", "STATIC"])(_fp8_matmul_kernel)
 
 
 def _fp8_dot(device: torch.device) -> bool:

@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from compress.kernels.checks import FLOAT_DTYPES, check_bias, check_device, check_dtype, check_shape, dot_operands, interpreting
+from compress.kernels.tiles import scaled_matmul_configs
+from compress.kernels.checks import FLOAT_DTYPES, check_bias, check_device, check_dtype, check_shape, dot_operands
 
 INT8_MAX = 127.0
 ROUND_MAGIC = 12582912.0  # 1.5 * 2^23: (v + it) - it rounds |v| < 2^22 to nearest even in fp32
@@ -95,17 +96,8 @@ def _int8_outlier_matmul_kernel(
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
-def _configs(decode: bool) -> list[triton.Config]:
-    """Tiles for M <= 16 (decode: one 16-row tile, narrow column tiles for more programs) or larger M."""
-    if interpreting():
-        return [triton.Config({"BLOCK_M": 16, "BLOCK_N": 32, "BLOCK_K": 32})]
-    rows, cols = ((16,), (32, 64, 128)) if decode else ((64, 128), (64, 128))
-    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn, "BLOCK_K": bk}, num_warps=4, num_stages=3)
-            for bm in rows for bn in cols for bk in (64, 128)]
-
-
-_decode = triton.autotune(configs=_configs(True), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
-_prefill = triton.autotune(configs=_configs(False), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
+_decode = triton.autotune(configs=scaled_matmul_configs(True), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
+_prefill = triton.autotune(configs=scaled_matmul_configs(False), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
 
 
 def _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias) -> None:

@@ -50,8 +50,6 @@ def resolve_group_size(model: Decoder, requested: int | None) -> int:
     g = default_group_size(set(sizes))
     if g is None:
         raise UserError(f"no group size of {DEFAULT_GROUP_SIZES} divides the Linear input widths {sizes}; pass --group-size")
-    if g != DEFAULT_GROUP_SIZES[0]:
-        print(f"group size {g}: 128 does not divide the Linear input widths {sizes}")
     return g
 
 
