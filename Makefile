@@ -4,6 +4,7 @@ export COMPRESS_DATA_DIR ?= $(abspath ../shared/data)
 export HF_HUB_OFFLINE = 1
 OUT ?= demo-out
 STAMP = .make-installed
+COMPRESS = $(PYTHON) -m compress.cli
 
 .PHONY: install demo test test-fast clean
 
@@ -17,9 +18,9 @@ install: $(STAMP)
 
 # AWQ int4 on the built-in SmolLM2-135M, RTN int4 beside it, then WikiText-2 perplexity of all three.
 demo: install
-	compress quantize smollm2-135m --method awq --bits 4 -o $(OUT)/awq-int4 --force
-	compress quantize smollm2-135m --method rtn --bits 4 -o $(OUT)/rtn-int4 --force
-	compress eval smollm2-135m $(OUT)/awq-int4 $(OUT)/rtn-int4 --tasks wikitext --limit-tokens 40960
+	$(COMPRESS) quantize smollm2-135m --method awq --bits 4 -o $(OUT)/awq-int4 --force
+	$(COMPRESS) quantize smollm2-135m --method rtn --bits 4 -o $(OUT)/rtn-int4 --force
+	$(COMPRESS) eval smollm2-135m $(OUT)/awq-int4 $(OUT)/rtn-int4 --tasks wikitext --limit-tokens 40960
 
 # The unit tests plus the bounded set of real-model tests (marked slow) that CI runs.
 test: install
