@@ -115,10 +115,7 @@ def main():
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    except click.exceptions.Abort:
-        click.echo("interrupted; no output was written", err=True)
-        sys.exit(130)
-    except KeyboardInterrupt:
+    except (click.exceptions.Abort, KeyboardInterrupt):
         click.echo("interrupted; no output was written", err=True)
         sys.exit(130)
     except click.ClickException as e:

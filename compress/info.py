@@ -8,7 +8,7 @@ from compress.roofline import GPUS, formats, decode_step, kv_bytes_per_token, pa
 
 def print_info(model: str, gpu: str, batch: int, context: int) -> None:
     raw = read_config(models.resolve(model))
-    cfg = ModelConfig.from_hf({k: v for k, v in raw.items() if k != "quantization_config"})
+    cfg = ModelConfig.from_hf(raw)
     g = GPUS[gpu]
     print(f"{model}: {cfg.model_type}, {cfg.num_layers} layers, hidden {cfg.hidden_size}, "
           f"{cfg.num_heads} heads / {cfg.num_kv_heads} KV heads, head_dim {cfg.head_dim}")

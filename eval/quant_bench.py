@@ -14,6 +14,7 @@ import click
 
 from compress import models
 from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
+from compress.evaluate import model_bytes
 from compress.quant.config import QuantConfig
 from compress.quantize import run_quantize
 
@@ -21,7 +22,7 @@ RUNS = (("rtn", 4), ("awq", 4), ("rtn", 3), ("awq", 3))
 
 
 def size_mib(path: Path) -> float:
-    return sum(f.stat().st_size for f in path.glob("*.safetensors")) / 2**20
+    return model_bytes(path) / 2**20
 
 
 @click.command()

@@ -48,6 +48,7 @@ class ModelConfig:
     @classmethod
     def from_hf(cls, d: dict) -> "ModelConfig":
         d = dict(d)
+        d.pop("quantization_config", None)  # the quantized loaders read it themselves
         if "model_type" not in d:
             raise UserError("config.json has no model_type; is this a Hugging Face causal LM checkpoint?")
         heads = d.pop("num_attention_heads")
@@ -83,7 +84,6 @@ class ModelConfig:
     def to_hf(self) -> dict:
         """config.json contents that transformers reads as the same model."""
         d = dict(self.extra)
-        d.pop("quantization_config", None)
         d.update(
             model_type=self.model_type,
             architectures=[self.arch.hf_class],

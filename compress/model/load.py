@@ -81,14 +81,19 @@ def state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     return state
 
 
-def save_decoder(model: Decoder, out_dir: Path, source_dir: Path | None = None) -> None:
-    """Write an HF checkpoint that AutoModelForCausalLM loads with no extra code."""
+def write_checkpoint(out_dir: Path, state: dict[str, torch.Tensor], config: dict, source_dir: Path | None) -> None:
+    """model.safetensors + config.json (+ the source's tokenizer files): the HF layout."""
     out_dir = Path(out_dir)
-    save_file(state_for_saving(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    cfg = model.cfg.to_hf() | {"torch_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
+    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
     if source_dir is not None:
         copy_tokenizer(source_dir, out_dir)
+
+
+def save_decoder(model: Decoder, out_dir: Path, source_dir: Path | None = None) -> None:
+    """Write an HF checkpoint that AutoModelForCausalLM loads with no extra code."""
+    cfg = model.cfg.to_hf() | {"torch_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    write_checkpoint(out_dir, state_for_saving(model), cfg, source_dir)
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
@@ -126,9 +131,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
         raise UserError(f"{gguf_path} could not be read as a Llama-family GGUF: {str(e).splitlines()[0]}") from e
     # transformers keeps a GGUF quantizer attached that makes save_pretrained refuse, so the
     # weights go through our own decoder and writer instead (logits are identical).
-    d = hf.config.to_dict()
-    d.pop("quantization_config", None)
-    cfg = ModelConfig.from_hf(d)
+    cfg = ModelConfig.from_hf(hf.config.to_dict())
     model = load_weights(build(cfg), dict(hf.state_dict()))
     save_decoder(model, out_dir)
     AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs).save_pretrained(out_dir)

@@ -8,17 +8,16 @@ Per Linear with O outputs, I inputs, group g (AutoAWQ's WQLinear_GEMM):
 config.json: quantization_config {"quant_method": "awq", "version": "gemm", "bits": 4, ...}.
 """
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from compress.model import load
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
 from compress.quant import packing
 from compress.quant.apply import quantized_linears, swap_linears
+from compress.quant.export import cast_state
 from compress.quant.linear import PackedLinear
 from compress.quant.primitives import IntSpec
 
@@ -60,12 +59,10 @@ def write_awq(model: Decoder, spec: IntSpec, out_dir: Path, source_dir: Path) ->
     for name, m in linears.items():
         state.update(awq_tensors(name, m))
     state = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
-    save_file(state, str(Path(out_dir) / "model.safetensors"), metadata={"format": "pt"})
     qc = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": spec.group_size,
           "zero_point": True, "modules_to_not_convert": None}
     cfg = model.cfg.to_hf() | {"torch_dtype": "float16", "quantization_config": qc}
-    (Path(out_dir) / "config.json").write_text(json.dumps(cfg, indent=2))
-    load.copy_tokenizer(source_dir, out_dir)
+    load.write_checkpoint(out_dir, state, cfg, source_dir)
 
 
 def load_awq(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
@@ -73,7 +70,7 @@ def load_awq(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
     raw = load.read_config(model_dir)
     qc = raw["quantization_config"]
     spec = IntSpec(qc["bits"], qc["group_size"], symmetric=False)
-    model = load.build(ModelConfig.from_hf({k: v for k, v in raw.items() if k != "quantization_config"}), dtype)
+    model = load.build(ModelConfig.from_hf(raw), dtype)
     state = load.read_state_dict(model_dir)
     for block in model.model.layers:
         swap_linears(block, lambda _, lin: PackedLinear(lin.in_features, lin.out_features, spec, lin.bias is not None, dtype))
@@ -84,5 +81,4 @@ def load_awq(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
         state[f"{name}.weight_zero_point"] = packing.pack_zero_points(zeros, 4)
         state[f"{name}.weight_scale"] = state.pop(f"{name}.scales").t()
         state[f"{name}.weight_shape"] = torch.tensor([m.out_features, m.in_features])
-    state = {k: v.to(dtype) if v.is_floating_point() else v for k, v in state.items()}
-    return load.load_weights(model, state).eval()
+    return load.load_weights(model, cast_state(state, dtype)).eval()

@@ -6,17 +6,15 @@ The state dict of a quantized Decoder already carries the tensor names of its fo
 saving it next to a config.json whose ``quantization_config`` describes the scheme.
 """
 
-import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
 
 from compress.errors import UserError
 from compress.model import load
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
-from compress.quant.apply import Spec, quantized_linears, swap_linears
+from compress.quant.apply import Spec, swap_linears
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
 from compress.quant.linear import Fp8Linear, Int8OutlierLinear, PackedLinear
@@ -91,12 +89,9 @@ def spec_from_config(qc: dict) -> Spec:
 
 
 def write_quantized(model: Decoder, spec: Spec, out_dir: Path, source_dir: Path) -> None:
-    out_dir = Path(out_dir)
-    save_file(load.state_for_saving(model), str(out_dir / "model.safetensors"), metadata={"format": "pt"})
     dtype = model.model.embed_tokens.weight.dtype
     cfg = model.cfg.to_hf() | {"torch_dtype": str(dtype).removeprefix("torch."), "quantization_config": quantization_config(spec)}
-    (out_dir / "config.json").write_text(json.dumps(cfg, indent=2))
-    load.copy_tokenizer(source_dir, out_dir)
+    load.write_checkpoint(out_dir, load.state_for_saving(model), cfg, source_dir)
 
 
 def empty_module(spec: Spec, lin: torch.nn.Linear, name: str, state: dict, dtype: torch.dtype) -> torch.nn.Module:
@@ -121,7 +116,7 @@ def load_quantized(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decod
     """One of our compressed-tensors or int8-outlier exports -> Decoder with quantized modules."""
     raw = load.read_config(model_dir)
     spec = spec_from_config(raw["quantization_config"])
-    cfg = ModelConfig.from_hf({k: v for k, v in raw.items() if k != "quantization_config"})
+    cfg = ModelConfig.from_hf(raw)
     model = load.build(cfg, dtype)
     state = load.read_state_dict(model_dir)
     for i, block in enumerate(model.model.layers):
