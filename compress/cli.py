@@ -104,6 +104,28 @@ def bench(model, workload, requests, max_prompt, max_new, no_hf, kv_cache_memory
     run_bench(model, requests, max_prompt, max_new, not no_hf, engine)
 
 
+@cli.command()
+@click.argument("model")
+@click.option("--host", default="127.0.0.1", show_default=True, help="0.0.0.0 exposes the server to the network")
+@click.option("--port", type=int, default=8000, show_default=True)
+@click.option("--served-model-name", default=None, help="the name clients send as `model` [default: MODEL]")
+@click.option("--api-key", envvar="COMPRESS_API_KEY", default=None,
+              help="require 'Authorization: Bearer KEY' on /v1 routes [env: COMPRESS_API_KEY]")
+@click.option("--max-num-seqs", type=int, default=64, show_default=True, help="requests decoded at once")
+@click.option("--max-waiting", type=int, default=256, show_default=True, help="queued requests beyond which new ones get 429")
+@click.option("--max-model-len", type=int, default=None, help="context limit [default: the model's]")
+@click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: 10%% of free memory]")
+@click.option("--max-body-bytes", type=int, default=4 << 20, show_default=True, help="larger request bodies get 413")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+def serve(model, host, port, served_model_name, api_key, max_num_seqs, max_waiting, max_model_len, kv_cache_memory,
+          max_body_bytes, dtype):
+    """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
+    from compress.runtime.server import serve as run_server
+
+    run_server(model, host, port, served_model_name, api_key, max_waiting, max_body_bytes, max_num_seqs=max_num_seqs,
+               max_model_len=max_model_len, kv_cache_memory=kv_cache_memory, dtype=dtype)
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt  # so that staged outputs are removed on `kill` as on Ctrl-C
 

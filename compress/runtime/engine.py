@@ -9,6 +9,7 @@ from compress.models import load_model, load_tokenizer, resolve
 from compress.runtime.block_manager import BlockManager
 from compress.runtime.config import EngineConfig
 from compress.runtime.detokenizer import Detokenizer
+from compress.runtime.logprobs import token_logprobs
 from compress.runtime.model_runner import ModelRunner
 from compress.runtime.output import RequestOutput
 from compress.runtime.sampler import Sampler
@@ -45,8 +46,8 @@ class LLM:
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; a bad one raises UserError and leaves the engine as it was."""
-        seq = self._sequence(prompt, params or SamplingParams())
-        self._enqueue(seq)
+        seq = self.make_sequence(prompt, params or SamplingParams())
+        self.enqueue(seq)
         return seq.id
 
     def abort(self, request_id: int) -> None:
@@ -63,14 +64,27 @@ class LLM:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        logits = self.runner.run(batch)  # [S, V]
+        logits, prompt_logits = self.runner.run(batch)  # [S, V], [R, V]
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
         tokens = self.sampler(logits, sampling)
+        self._record_logprobs(batch, logits, prompt_logits, sampling, tokens)
         self.scheduler.postprocess(batch, tokens)
         for seq in sampling:
             if seq.params.stop and not seq.finished and self.detokenizer.hits_stop(seq):
                 self.scheduler.finish(seq, "stop")
         return [self._output(seq, [token]) for seq, token in zip(sampling, tokens)]
+
+    @staticmethod
+    def _record_logprobs(batch, logits, prompt_logits, sampling: list[Sequence], tokens: list[int]) -> None:
+        for row, (seq, token) in enumerate(zip(sampling, tokens)):
+            if seq.params.logprobs is not None:
+                seq.logprobs += token_logprobs(logits[row:row + 1], [token], seq.params.logprobs)
+        row = 0
+        for i, first, n in batch.prompt_logprob_rows():
+            seq = batch.seqs[i]
+            targets = seq.token_ids[first + 1:first + 1 + n]
+            seq.prompt_logprobs[first + 1:first + 1 + n] = token_logprobs(prompt_logits[row:row + n], targets, seq.params.prompt_logprobs)
+            row += n
 
     def generate(self, prompts: Prompt | list[Prompt], params: SamplingParams | list[SamplingParams] | None = None) -> list[RequestOutput]:
         """Run prompts to completion (together with whatever else is queued); outputs in prompt order."""
@@ -79,9 +93,9 @@ class LLM:
         params = params if isinstance(params, list) else [params or SamplingParams()] * len(prompts)
         if len(params) != len(prompts):
             raise UserError(f"got {len(params)} SamplingParams for {len(prompts)} prompts")
-        seqs = [self._sequence(p, sp) for p, sp in zip(prompts, params)]  # validate all before queuing any
+        seqs = [self.make_sequence(p, sp) for p, sp in zip(prompts, params)]  # validate all before queuing any
         for seq in seqs:
-            self._enqueue(seq)
+            self.enqueue(seq)
         done: dict[int, RequestOutput] = {}
         while not all(seq.finished for seq in seqs):
             done.update((out.request_id, out) for out in self.step() if out.finished)
@@ -89,8 +103,8 @@ class LLM:
 
     def stream(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[str]:
         """Text of one request as it is generated (other queued requests are served alongside)."""
-        seq = self._sequence(prompt, params or SamplingParams())
-        self._enqueue(seq)
+        seq = self.make_sequence(prompt, params or SamplingParams())
+        self.enqueue(seq)
         sent = 0
         while not seq.finished:
             self.step()
@@ -99,7 +113,7 @@ class LLM:
                 yield text[sent:]
                 sent = len(text)
 
-    def _sequence(self, prompt: Prompt, params: SamplingParams) -> Sequence:
+    def make_sequence(self, prompt: Prompt, params: SamplingParams) -> Sequence:
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
         if not ids:
             raise UserError("the prompt is empty")
@@ -114,7 +128,7 @@ class LLM:
                             f"shorten it or give the engine more kv_cache_memory")
         return Sequence(next(self._ids), ids, params, self.eos_token_ids)
 
-    def _enqueue(self, seq: Sequence) -> None:
+    def enqueue(self, seq: Sequence) -> None:
         self.requests[seq.id] = seq
         self.scheduler.add(seq)
 

@@ -69,16 +69,21 @@ class ModelRunner:
         return min(blocks, self.config.max_num_seqs * -(-max_model_len // self.block_size))
 
     @torch.inference_mode()
-    def run(self, batch: ScheduledBatch) -> torch.Tensor:
-        """Logits [S, V] (fp32) at the last token of every sequence that samples this step, in batch order."""
+    def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits (fp32) at the last token of every sequence that samples this step, in batch order [S, V],
+        and at the rows of batch.prompt_logprob_rows(), concatenated in that order [R, V]."""
         self._copy_blocks(batch.copies)
         starts = [s.num_computed for s in batch.seqs]
         ids = [t for s, c, n in zip(batch.seqs, starts, batch.num_new_tokens) for t in s.token_ids[c:c + n]]
         meta = AttentionMetadata.build(starts, batch.num_new_tokens, [s.block_table for s in batch.seqs], self.block_size, self.device)
-        last_rows = [end - 1 for i, end in enumerate(accumulate(batch.num_new_tokens)) if batch.samples(i)]
+        ends = list(accumulate(batch.num_new_tokens))
+        last_rows = [end - 1 for i, end in enumerate(ends) if batch.samples(i)]
+        prompt_rows = [ends[i] - batch.num_new_tokens[i] + (p - starts[i])
+                       for i, first, n in batch.prompt_logprob_rows() for p in range(first, first + n)]
         backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window)
         h = self.model.hidden(torch.tensor([ids], device=self.device), meta.positions[None], backend)  # [1, N, C]
-        return self.model.lm_head(h[0, last_rows]).float()  # [S, V]
+        logits = self.model.lm_head(h[0, last_rows + prompt_rows]).float()  # [S + R, V]
+        return logits[:len(last_rows)], logits[len(last_rows):]
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:
         if copies:

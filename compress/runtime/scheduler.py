@@ -31,6 +31,19 @@ class ScheduledBatch:
         """Whether seq i reaches its last token this step (so its last logits are sampled)."""
         return self.seqs[i].num_computed + self.num_new_tokens[i] == self.seqs[i].num_tokens
 
+    def prompt_logprob_rows(self) -> list[tuple[int, int, int]]:
+        """(seq index, first position, count): the rows of this step whose logits score a prompt token.
+
+        Position p's logits give the log-probability of token p + 1, so a prompt of P tokens is
+        scored by positions 0 .. P - 2, whichever of them this step computes.
+        """
+        spans = []
+        for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens)):
+            start, end = seq.num_computed, min(seq.num_computed + n, seq.num_prompt_tokens - 1)
+            if seq.params.prompt_logprobs is not None and end > start:
+                spans.append((i, start, end - start))
+        return spans
+
 
 class Scheduler:
     def __init__(self, config: EngineConfig, blocks: BlockManager, max_model_len: int):
@@ -69,7 +82,8 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            self.blocks.take_cached_prefix(seq)
+            if seq.params.prompt_logprobs is None:  # a cached prefix would skip the logits to score
+                self.blocks.take_cached_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed, budget)
             if not self.blocks.can_append(seq, num_new):
                 self.blocks.undo_prefix(seq)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import torch
 
 from compress.errors import UserError
+from compress.runtime.logprobs import MAX_LOGPROBS, TokenLogprob
 
 
 @dataclass
@@ -20,6 +21,8 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # top alternatives reported per output token (None: no logprobs)
+    prompt_logprobs: int | None = None  # the same for every prompt token after the first (no prefix cache)
 
     def __post_init__(self):
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -32,6 +35,10 @@ class SamplingParams:
             raise UserError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
         if not 0 < self.top_p <= 1:
             raise UserError(f"top_p must be in (0, 1], got {self.top_p}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise UserError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
         if any(not s for s in self.stop):
             raise UserError("stop strings must not be empty")
 
@@ -64,7 +71,8 @@ class Sequence:
         self.block_table: list[int] = []  # physical block ids, in token order
         self.block_hashes: list[int] = []  # chained hashes of the leading full blocks, once computed
         self.finish_reason: str | None = None
-        self.text = ""  # detokenized output, kept up to date only where needed (streaming, stop strings)
+        self.logprobs: list[TokenLogprob] = []  # one per output token, when params.logprobs is set
+        self.prompt_logprobs: list[TokenLogprob | None] = [None] * len(prompt_token_ids)  # when prompt_logprobs is set
         self.generator = torch.Generator()
         if params.seed is None:
             self.generator.seed()
