@@ -47,14 +47,26 @@ def quantize(model, method, bits, group_size, symmetric, fmt, calib_data, calib_
 
 @cli.command("eval")
 @click.argument("models", nargs=-1, required=True)
-@click.option("--tasks", default="wikitext", show_default=True, help="comma-separated; available: wikitext")
-@click.option("--seq-len", type=int, default=2048, show_default=True)
+@click.option("--tasks", default="wikitext", show_default=True,
+              help="comma-separated: wikitext, mmlu, or lm-eval task names available offline")
+@click.option("--backend", type=click.Choice(["compress", "hf"]), default="compress", show_default=True,
+              help="lm-eval tasks on our engine, or on transformers (lm-eval's HFLM)")
+@click.option("--num-fewshot", type=int, default=0, show_default=True, help="MMLU: 0..5 dev examples")
+@click.option("--limit", type=int, default=None, help="MMLU: questions per subject (other lm-eval tasks: examples)")
+@click.option("--batch-size", type=int, default=1, show_default=True, help="hf backend batch size")
+@click.option("--seq-len", type=int, default=2048, show_default=True, help="wikitext window")
 @click.option("--limit-tokens", type=int, default=None, help="evaluate only the first N tokens of WikiText-2")
-def eval_(models, tasks, seq_len, limit_tokens):
-    """Evaluate one or more MODELS; prints a table and records results in each compress.json."""
-    from compress.evaluate import run_eval
+@click.option("--report", type=click.Path(file_okay=False), default=None,
+              help="write report.md, report.json and plots to this directory")
+def eval_(models, tasks, backend, num_fewshot, limit, batch_size, seq_len, limit_tokens, report):
+    """Evaluate one or more MODELS side by side; prints a table and records results in each compress.json."""
+    from pathlib import Path
 
-    run_eval(list(models), tasks.split(","), seq_len, limit_tokens)
+    from compress.evaluate import EvalConfig, run_eval
+
+    cfg = EvalConfig([t.strip() for t in tasks.split(",")], backend, num_fewshot, limit, seq_len, limit_tokens,
+                     batch_size, Path(report) if report else None)
+    run_eval(list(models), cfg)
 
 
 @cli.command()
@@ -130,10 +142,11 @@ def _terminate(signum, frame):
     raise KeyboardInterrupt  # so that staged outputs are removed on `kill` as on Ctrl-C
 
 
-def main():
+def run_command(command: click.Command) -> None:
+    """Run a click command as a program: a UserError is one line and exit 2, an interrupt exit 130."""
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        cli.main(standalone_mode=False)
+        command.main(standalone_mode=False)
     except UserError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
@@ -143,6 +156,10 @@ def main():
     except click.ClickException as e:
         e.show()
         sys.exit(e.exit_code)
+
+
+def main():
+    run_command(cli)
 
 
 if __name__ == "__main__":

@@ -1,39 +1,103 @@
-"""`compress eval`: run the requested tasks on each model, print a table, record the numbers."""
+"""`compress eval`: run the requested tasks on each model, print a table, record the numbers, write a report."""
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from compress import models
 from compress.errors import UserError
 from compress.manifest import record_quality
 
-TASKS = ("wikitext",)
+OWN_TASKS = ("wikitext", "mmlu")
+BACKENDS = ("compress", "hf")
+
+
+@dataclass
+class EvalConfig:
+    tasks: list[str] = field(default_factory=lambda: ["wikitext"])
+    backend: str = "compress"
+    num_fewshot: int = 0
+    limit: int | None = None  # MMLU questions per subject (or examples per lm-eval task)
+    seq_len: int = 2048  # wikitext windows
+    limit_tokens: int | None = None  # wikitext: only the first N tokens
+    batch_size: int = 1  # hf backend
+    report: Path | None = None
+
+    def __post_init__(self):
+        if not self.tasks or any(not t for t in self.tasks):
+            raise UserError("--tasks needs at least one task name, e.g. --tasks mmlu,wikitext")
+        if self.backend not in BACKENDS:
+            raise UserError(f"--backend must be one of {', '.join(BACKENDS)}, got {self.backend}")
+        if not 0 <= self.num_fewshot <= 5:
+            raise UserError(f"--num-fewshot must be in 0..5 (MMLU has 5 dev questions per subject), got {self.num_fewshot}")
+        if self.limit is not None and self.limit < 1:
+            raise UserError(f"--limit must be at least 1, got {self.limit}")
+        if self.batch_size < 1:
+            raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+
+    @property
+    def other_tasks(self) -> list[str]:
+        return [t for t in self.tasks if t not in OWN_TASKS]
 
 
 def model_bytes(path) -> int:
     return sum(f.stat().st_size for f in path.glob("*.safetensors"))
 
 
-def run_eval(names: list[str], tasks: list[str], seq_len: int, limit_tokens: int | None) -> list[dict]:
-    unknown = [t for t in tasks if t not in TASKS]
-    if unknown:
-        raise UserError(f"unknown task {', '.join(unknown)}: available are {', '.join(TASKS)}")
-    from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
+def run_eval(names: list[str], cfg: EvalConfig) -> list[dict]:
+    from compress.eval import harness
 
-    pcfg = PerplexityConfig(seq_len=seq_len, limit_tokens=limit_tokens)
-    paths = [models.resolve(n) for n in names]  # every MODEL is checked before any work
-    rows, tokens = [], None
-    for name, path in zip(names, paths):
-        model = models.load_model(path)
-        if tokens is None:
-            tokens = wikitext_tokens(models.load_tokenizer(path))
-        ppl = perplexity(model, tokens, pcfg, desc=f"wikitext {name}")
-        key = f"wikitext_ppl_seq{seq_len}" + (f"_first{limit_tokens}" if limit_tokens else "")
-        record_quality(path, key, round(ppl, 4))
-        rows.append({"model": name, "wikitext_ppl": ppl, "bytes": model_bytes(path)})
-    print_table(rows, rows[0]["wikitext_ppl"])
+    paths = [models.resolve(n) for n in names]  # every MODEL and task is checked before any work
+    if "mmlu" in cfg.tasks:
+        from compress.eval.mmlu import mmlu_dir
+
+        mmlu_dir()
+    harness.check_tasks(cfg.other_tasks)
+    rows = [evaluate_one(name, path, cfg) for name, path in zip(names, paths)]
+    print_table(rows)
+    if cfg.report is not None:
+        from compress.eval.report import write_report
+
+        write_report(rows, cfg, cfg.report)
+        print(f"report written to {cfg.report}/report.md")
     return rows
 
 
-def print_table(rows: list[dict], base_ppl: float) -> None:
-    print("| model | weights MiB | wikitext2 ppl | Δ vs first |")
-    print("|---|---:|---:|---:|")
-    for r in rows:
-        print(f"| {r['model']} | {r['bytes'] / 2**20:.1f} | {r['wikitext_ppl']:.3f} | {r['wikitext_ppl'] - base_ppl:+.3f} |")
+def evaluate_one(name: str, path: Path, cfg: EvalConfig) -> dict:
+    from compress.eval import harness
+
+    row = {"model": name, "path": str(path), "bytes": model_bytes(path), "seconds": {}}
+    if "wikitext" in cfg.tasks:
+        start = time.perf_counter()
+        row["wikitext_ppl"] = wikitext(name, path, cfg)
+        row["seconds"]["wikitext"] = time.perf_counter() - start
+    if "mmlu" in cfg.tasks or cfg.other_tasks:
+        lm = harness.make_lm(cfg.backend, path, cfg.batch_size)
+        if "mmlu" in cfg.tasks:
+            start = time.perf_counter()
+            row["mmlu"] = harness.run_mmlu(lm, cfg.num_fewshot, cfg.limit)
+            row["seconds"]["mmlu"] = time.perf_counter() - start
+            key = f"mmlu_{cfg.num_fewshot}shot_{cfg.backend}" + (f"_limit{cfg.limit}" if cfg.limit else "")
+            groups = {g: round(r["acc"], 4) for g, r in row["mmlu"].items() if g != "subjects"}
+            record_quality(path, key, groups)
+        if cfg.other_tasks:
+            row["tasks"] = harness.run_tasks(lm, cfg.other_tasks, cfg.num_fewshot or None, cfg.limit)
+            for task, metrics in row["tasks"].items():
+                record_quality(path, f"{task}_{cfg.backend}", metrics)
+    return row
+
+
+def wikitext(name: str, path: Path, cfg: EvalConfig) -> float:
+    from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
+
+    pcfg = PerplexityConfig(seq_len=cfg.seq_len, limit_tokens=cfg.limit_tokens)
+    ppl = perplexity(models.load_model(path), wikitext_tokens(models.load_tokenizer(path)), pcfg, desc=f"wikitext {name}")
+    record_quality(path, f"wikitext_ppl_seq{cfg.seq_len}" + (f"_first{cfg.limit_tokens}" if cfg.limit_tokens else ""),
+                   round(ppl, 4))
+    return ppl
+
+
+def print_table(rows: list[dict]) -> None:
+    from compress.eval.report import markdown_table
+
+    print(markdown_table(rows))

@@ -100,4 +100,6 @@ def main(model, out, limit_tokens, calib_samples, outlier_threshold, plot_layer)
 
 
 if __name__ == "__main__":
-    main()
+    from compress.cli import run_command
+
+    run_command(main)

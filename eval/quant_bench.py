@@ -56,4 +56,6 @@ def main(model, out, limit_tokens, group_size):
 
 
 if __name__ == "__main__":
-    main()
+    from compress.cli import run_command
+
+    run_command(main)

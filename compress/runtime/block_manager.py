@@ -52,11 +52,12 @@ class BlockManager:
 
         At least one token is left to compute (its logits are needed): when the whole prompt is
         cached, the last token is recomputed, and its write into the shared block copies it first.
+        Only blocks within seq.max_cached_tokens are looked up (prompt tokens to score need their logits).
         """
         if not self.prefix_caching:
             return
         prev = None
-        for start in range(0, seq.num_tokens - self.block_size + 1, self.block_size):
+        for start in range(0, seq.max_cached_tokens - self.block_size + 1, self.block_size):
             tokens = tuple(seq.token_ids[start:start + self.block_size])
             prev = chain_hash(prev, tokens)
             block_id = self.cached.get(prev)

@@ -35,11 +35,12 @@ class ScheduledBatch:
         """(seq index, first position, count): the rows of this step whose logits score a prompt token.
 
         Position p's logits give the log-probability of token p + 1, so a prompt of P tokens is
-        scored by positions 0 .. P - 2, whichever of them this step computes.
+        scored by positions score_from - 1 .. P - 2, whichever of them this step computes.
         """
         spans = []
         for i, (seq, n) in enumerate(zip(self.seqs, self.num_new_tokens)):
-            start, end = seq.num_computed, min(seq.num_computed + n, seq.num_prompt_tokens - 1)
+            start = max(seq.num_computed, seq.params.score_from - 1)
+            end = min(seq.num_computed + n, seq.num_prompt_tokens - 1)
             if seq.params.prompt_logprobs is not None and end > start:
                 spans.append((i, start, end - start))
         return spans
@@ -82,8 +83,7 @@ class Scheduler:
     def _admit(self, batch: ScheduledBatch, budget: int) -> None:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
-            if seq.params.prompt_logprobs is None:  # a cached prefix would skip the logits to score
-                self.blocks.take_cached_prefix(seq)
+            self.blocks.take_cached_prefix(seq)
             num_new = min(seq.num_tokens - seq.num_computed, budget)
             if not self.blocks.can_append(seq, num_new):
                 self.blocks.undo_prefix(seq)

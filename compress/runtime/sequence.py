@@ -22,7 +22,8 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top alternatives reported per output token (None: no logprobs)
-    prompt_logprobs: int | None = None  # the same for every prompt token after the first (no prefix cache)
+    prompt_logprobs: int | None = None  # the same for the prompt tokens from position score_from on
+    score_from: int = 1  # the prefix cache may serve the prompt up to position score_from - 2
 
     def __post_init__(self):
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
@@ -39,6 +40,8 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
                 raise UserError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
+        if self.score_from < 1:
+            raise UserError(f"score_from must be >= 1 (the first token has no logprob), got {self.score_from}")
         if any(not s for s in self.stop):
             raise UserError("stop strings must not be empty")
 
@@ -78,6 +81,11 @@ class Sequence:
             self.generator.seed()
         else:
             self.generator.manual_seed(params.seed)
+
+    @property
+    def max_cached_tokens(self) -> int:
+        """Leading tokens the prefix cache may serve: all but those whose logits score a prompt token."""
+        return self.num_tokens if self.params.prompt_logprobs is None else self.params.score_from - 1
 
     @property
     def num_tokens(self) -> int:
