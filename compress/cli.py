@@ -45,6 +45,48 @@ def quantize(model, method, bits, group_size, symmetric, fmt, calib_data, calib_
     run_quantize(model, cfg, output, force, verbose)
 
 
+@cli.command("prune-distill")
+@click.argument("model")
+@click.option("--target-params", default=None, help="e.g. 95M: search a width/depth shape of about this size")
+@click.option("--hidden-size", type=int, default=None)
+@click.option("--intermediate-size", type=int, default=None)
+@click.option("--num-heads", type=int, default=None)
+@click.option("--num-kv-heads", type=int, default=None)
+@click.option("--num-layers", type=int, default=None)
+@click.option("--importance", type=click.Choice(["activation", "magnitude", "random"]), default="activation",
+              show_default=True, help="activation (Minitron); magnitude and random are ablations")
+@click.option("--calib-samples", type=int, default=128, show_default=True)
+@click.option("--calib-seq-len", type=int, default=256, show_default=True)
+@click.option("--no-distill", is_flag=True, help="only prune")
+@click.option("--tokens", default="300k", show_default=True, help="distillation token budget")
+@click.option("--data", default=None, help="distillation text: .jsonl/.txt/datasets dir [default: C4 under $COMPRESS_DATA_DIR]")
+@click.option("--seq-len", type=int, default=256, show_default=True)
+@click.option("--batch-size", type=int, default=8, show_default=True)
+@click.option("--grad-accum", type=int, default=1, show_default=True)
+@click.option("--lr", type=float, default=3e-4, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--hidden-weight", type=float, default=0.0, show_default=True, help="projected hidden-state loss weight")
+@click.option("--eval-every", type=int, default=25, show_default=True, help="steps between held-out ppl checks")
+@click.option("--save-every", type=int, default=25, show_default=True, help="steps between resumable checkpoints")
+@click.option("--resume", is_flag=True, help="continue an interrupted distillation into the same -o")
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("-o", "--output", required=True, help="output directory (a plain HF checkpoint)")
+@click.option("--force", is_flag=True, help="replace a non-empty output directory")
+def prune_distill(model, target_params, hidden_size, intermediate_size, num_heads, num_kv_heads, num_layers, importance,
+                  calib_samples, calib_seq_len, no_distill, tokens, data, seq_len, batch_size, grad_accum, lr,
+                  temperature, hidden_weight, eval_every, save_every, resume, seed, output, force):
+    """Prune MODEL (Minitron: width and depth by activation importance) and repair it by distillation."""
+    from compress.prune.config import DistillConfig, PruneConfig, parse_count
+    from compress.prune_distill import run_prune_distill
+
+    pcfg = PruneConfig(parse_count(target_params), hidden_size, intermediate_size, num_heads, num_kv_heads, num_layers,
+                       importance, calib_samples=calib_samples, calib_seq_len=calib_seq_len, seed=seed)
+    dcfg = None if no_distill else DistillConfig(
+        parse_count(tokens), seq_len, batch_size, grad_accum, lr, temperature=temperature, hidden_weight=hidden_weight,
+        eval_every=eval_every, save_every=save_every, data=data, seed=seed)
+    run_prune_distill(model, pcfg, dcfg, output, force, resume)
+
+
 @cli.command("eval")
 @click.argument("models", nargs=-1, required=True)
 @click.option("--tasks", default="wikitext", show_default=True,

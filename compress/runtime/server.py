@@ -2,6 +2,7 @@
 /health, /metrics. The engine runs on its own thread (AsyncEngine); handlers only translate."""
 
 import asyncio
+import copy
 import hmac
 import json
 import sys
@@ -29,7 +30,9 @@ class ApiError(Exception):
 class Server:
     def __init__(self, engine: AsyncEngine, served_name: str, api_key: str | None = None, max_body_bytes: int = 4 << 20):
         self.engine, self.served_name, self.api_key, self.max_body_bytes = engine, served_name, api_key, max_body_bytes
-        self.tokenizer = engine.llm.tokenizer
+        # The engine thread detokenizes with the engine's tokenizer; a fast tokenizer must not be used
+        # from two threads at once ("Already borrowed"), so handlers tokenize with their own copy.
+        self.tokenizer = copy.deepcopy(engine.llm.tokenizer)
 
     # --- request intake -------------------------------------------------------------------------
     def authorize(self, request: Request) -> None:
@@ -132,7 +135,8 @@ class Server:
             params = req.params()
         except UserError as exc:
             raise ApiError(400, str(exc)) from None
-        seqs, sink = self.submit(req.prompt, params, req.stream)
+        prompts = [self.tokenizer.encode(p) if isinstance(p, str) else p for p in req.prompt]
+        seqs, sink = self.submit(prompts, params, req.stream)
         out = Responder(self.tokenizer, self.served_name, "cmpl")
         prompt_texts = [self.tokenizer.decode(s.token_ids[:s.num_prompt_tokens]) if req.echo else "" for s in seqs]
         prompt_tokens = sum(s.num_prompt_tokens for s in seqs)

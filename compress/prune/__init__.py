@@ -1,0 +1,1 @@
+"""Minitron-style structured pruning (width and depth) and knowledge-distillation repair."""

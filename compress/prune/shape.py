@@ -1,0 +1,80 @@
+"""Pruned shapes: parameter counts, and the width/depth search for a parameter target."""
+
+from dataclasses import dataclass, replace
+
+from compress.errors import UserError
+from compress.model.config import ModelConfig
+
+WIDTH_STEP = 64  # hidden and intermediate sizes stay multiples of this (or the original size)
+
+
+@dataclass(frozen=True)
+class Shape:
+    hidden_size: int
+    intermediate_size: int
+    num_heads: int
+    num_kv_heads: int
+    num_layers: int
+
+    @classmethod
+    def of(cls, cfg: ModelConfig) -> "Shape":
+        return cls(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.num_layers)
+
+    def apply(self, cfg: ModelConfig) -> ModelConfig:
+        return replace(cfg, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
+                       num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, num_layers=self.num_layers)
+
+
+def param_count(cfg: ModelConfig, shape: Shape) -> int:
+    """Parameters of cfg's architecture at this shape (biases of q/k/v where the family has them)."""
+    C, I, D = shape.hidden_size, shape.intermediate_size, cfg.head_dim
+    q, kv = shape.num_heads * D, shape.num_kv_heads * D
+    attn = C * q + 2 * C * kv + q * C + ((q + 2 * kv) if cfg.arch.qkv_bias else 0)
+    per_layer = attn + 3 * C * I + 2 * C
+    embed = cfg.vocab_size * C * (1 if cfg.tie_word_embeddings else 2)
+    return embed + shape.num_layers * per_layer + C
+
+
+def validate(cfg: ModelConfig, shape: Shape) -> None:
+    full = Shape.of(cfg)
+    for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "num_layers"):
+        value, limit = getattr(shape, name), getattr(full, name)
+        if not 1 <= value <= limit:
+            raise UserError(f"--{name.replace('_', '-')} {value} must be between 1 and the model's {limit}")
+    if shape.num_heads % shape.num_kv_heads:
+        raise UserError(f"--num-heads {shape.num_heads} must be a multiple of --num-kv-heads {shape.num_kv_heads} (GQA groups)")
+    if shape.num_heads // shape.num_kv_heads > cfg.num_heads // cfg.num_kv_heads:
+        raise UserError(f"--num-heads {shape.num_heads} with --num-kv-heads {shape.num_kv_heads} needs "
+                        f"{shape.num_heads // shape.num_kv_heads} query heads per KV group; the model has "
+                        f"{cfg.num_heads // cfg.num_kv_heads}")
+
+
+def sizes(full: int) -> list[int]:
+    """Candidate widths: the original and multiples of WIDTH_STEP down to half of it."""
+    return sorted({full, *(s for s in range(WIDTH_STEP, full, WIDTH_STEP) if s >= full // 2)}, reverse=True)
+
+
+def candidates(cfg: ModelConfig, target: int, tolerance: float = 0.02) -> list[tuple[Shape, int]]:
+    """Shapes within tolerance of target params, best first.
+
+    Minitron's findings order the search: width before depth (keep every layer if any width-only
+    shape fits), attention heads kept, and among width-only shapes the one that takes the most even
+    share from the hidden and the MLP width (the smallest largest relative cut).
+    """
+    full = Shape.of(cfg)
+    if target >= param_count(cfg, full):
+        raise UserError(f"--target-params {target:,} is not below the model's {param_count(cfg, full):,} parameters")
+    found = []
+    for layers in range(full.num_layers, full.num_layers // 2 - 1, -1):
+        for hidden in sizes(full.hidden_size):
+            for inter in sizes(full.intermediate_size):
+                shape = Shape(hidden, inter, full.num_heads, full.num_kv_heads, layers)
+                n = param_count(cfg, shape)
+                if abs(n - target) <= tolerance * target:
+                    cut = max(1 - hidden / full.hidden_size, 1 - inter / full.intermediate_size)
+                    found.append((full.num_layers - layers, cut, shape, n))
+    if not found:
+        raise UserError(f"no width/depth shape within {tolerance:.0%} of --target-params {target:,}; "
+                        f"give the sizes explicitly (--hidden-size, --intermediate-size, --num-layers)")
+    found.sort(key=lambda f: (f[0], f[1]))
+    return [(shape, n) for _, _, shape, n in found]

@@ -1,0 +1,99 @@
+"""`compress prune-distill`: importance → shape → slice → distill → write, atomically."""
+
+import json
+import shutil
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+
+from compress import models, outdir
+from compress.calib import read_texts
+from compress.errors import UserError
+from compress.manifest import read_manifest, write_manifest
+from compress.model.config import ModelConfig
+from compress.model.load import save_decoder
+from compress.prune.config import DistillConfig, PruneConfig
+from compress.prune.importance import Importance, activation_importance, magnitude_importance, random_importance
+from compress.prune.shape import Shape, candidates, param_count, validate
+from compress.prune.slicing import Keep, prune, select
+
+
+def choose_shape(cfg: ModelConfig, pcfg: PruneConfig) -> Shape:
+    full = Shape.of(cfg)
+    if pcfg.explicit:
+        shape = Shape(*(getattr(pcfg, f) or getattr(full, f) for f in Shape.__dataclass_fields__))
+        validate(cfg, shape)
+        return shape
+    found = candidates(cfg, pcfg.target_params)
+    print(f"{len(found)} shapes within 2% of {pcfg.target_params:,} parameters (width before depth; heads kept); best first:")
+    print("| hidden | intermediate | heads | kv heads | layers | params |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for shape, n in found[:10]:
+        print(f"| {shape.hidden_size} | {shape.intermediate_size} | {shape.num_heads} | {shape.num_kv_heads} | "
+              f"{shape.num_layers} | {n:,} |")
+    return found[0][0]
+
+
+def importance(teacher, pcfg: PruneConfig, tokenizer) -> Importance:
+    if pcfg.importance == "magnitude":
+        return magnitude_importance(teacher)
+    if pcfg.importance == "random":
+        return random_importance(teacher, pcfg.seed)
+    from compress.calib import calibration_tokens
+
+    return activation_importance(teacher, calibration_tokens(tokenizer, pcfg))
+
+
+def distill_rows(tokenizer, dcfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Documents joined by EOS, cut into [N, seq_len] rows; the last eval_rows are held out."""
+    ids: list[int] = []
+    for text in read_texts(dcfg.data):
+        ids += tokenizer(text, add_special_tokens=False).input_ids + [tokenizer.eos_token_id]
+    rows = torch.tensor(ids[: len(ids) // dcfg.seq_len * dcfg.seq_len]).view(-1, dcfg.seq_len)
+    if len(rows) <= dcfg.eval_rows:
+        raise UserError(f"the distillation data has {len(rows)} rows of {dcfg.seq_len} tokens; "
+                        f"more than --eval-rows {dcfg.eval_rows} are needed")
+    return rows[: -dcfg.eval_rows], rows[-dcfg.eval_rows:]
+
+
+def run_prune_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None, output: str, force: bool = False,
+                      resume: bool = False) -> Path:
+    out = Path(output)
+    outdir.check_target(out, force)
+    src = models.resolve(model)
+    if (read_manifest(src) or {}).get("recipe", {}).get("quantize"):
+        raise UserError(f"{model} is quantized; prune the unquantized checkpoint, then quantize the result")
+    teacher = models.load_model(src)
+    cfg, tokenizer = teacher.cfg, models.load_tokenizer(src)
+    shape = choose_shape(cfg, pcfg)
+    rows = distill_rows(tokenizer, dcfg) if dcfg is not None else None  # bad data fails before the slow part
+    ckpt = out.parent / f".{out.name}.distill-ckpt"
+    start = time.perf_counter()
+    if resume and (ckpt / "keep.json").is_file():
+        keep = Keep(**json.loads((ckpt / "keep.json").read_text()))
+    else:
+        keep = select(importance(teacher, pcfg, tokenizer), Shape.of(cfg), shape)
+    student = prune(teacher, keep, shape)
+    before, after = param_count(cfg, Shape.of(cfg)), param_count(cfg, shape)
+    print(f"pruned {before:,} -> {after:,} parameters ({after / before - 1:+.1%}) in {time.perf_counter() - start:.0f} s")
+    curve = []
+    if dcfg is not None:
+        from compress.prune.distill import Distiller
+
+        ckpt.mkdir(parents=True, exist_ok=True)
+        (ckpt / "keep.json").write_text(json.dumps(keep.to_json()))
+        distiller = Distiller(teacher, student, *rows, dcfg, ckpt / "state")
+        if resume:
+            distiller.load()
+        curve = distiller.run()
+        student = distiller.accelerator.unwrap_model(distiller.student).float().cpu()
+    with outdir.staged(out, force) as tmp:
+        save_decoder(student.eval(), tmp, src)
+        write_manifest(tmp, recipe={"prune": asdict(pcfg), "distill": asdict(dcfg) if dcfg else None},
+                       source={"model": model, "path": str(src)},
+                       shape=asdict(shape), params={"before": before, "after": after}, keep=keep.to_json(),
+                       distill_curve=curve, stats={"seconds": round(time.perf_counter() - start, 1)}, quality={})
+    shutil.rmtree(ckpt, ignore_errors=True)
+    return out
