@@ -7,6 +7,7 @@ nothing is fetched from a hub.
 """
 
 import csv
+import logging
 import math
 from pathlib import Path
 
@@ -90,7 +91,13 @@ def tasks(subjects: list[str] | None = None) -> list:
     from lm_eval.api.task import ConfigurableTask
 
     root = mmlu_dir()
-    return [ConfigurableTask(config=task_config(s, root)) for s in subjects or SUBJECTS]
+    log = logging.getLogger("lm_eval.api.task")
+    level = log.level
+    log.setLevel(logging.ERROR)  # lm-eval warns once per custom_dataset task that kwargs could be passed; 57 times
+    try:
+        return [ConfigurableTask(config=task_config(s, root)) for s in subjects or SUBJECTS]
+    finally:
+        log.setLevel(level)
 
 
 def accuracy(rows: list[tuple[float, int]]) -> dict:
