@@ -1,5 +1,7 @@
 """Pruned shapes: parameter counts, and the width/depth search for a parameter target."""
 
+import math
+
 from dataclasses import dataclass, replace
 
 from compress.errors import UserError
@@ -41,6 +43,9 @@ def validate(cfg: ModelConfig, shape: Shape) -> None:
         value, limit = getattr(shape, name), getattr(full, name)
         if not 1 <= value <= limit:
             raise UserError(f"--{name.replace('_', '-')} {value} must be between 1 and the model's {limit}")
+    if shape.hidden_size % shape.num_heads:
+        raise UserError(f"--hidden-size {shape.hidden_size} must be a multiple of --num-heads {shape.num_heads} "
+                        f"(transformers refuses other Llama configs)")
     if shape.num_heads % shape.num_kv_heads:
         raise UserError(f"--num-heads {shape.num_heads} must be a multiple of --num-kv-heads {shape.num_kv_heads} (GQA groups)")
     if shape.num_heads // shape.num_kv_heads > cfg.num_heads // cfg.num_kv_heads:
@@ -49,9 +54,9 @@ def validate(cfg: ModelConfig, shape: Shape) -> None:
                         f"{cfg.num_heads // cfg.num_kv_heads}")
 
 
-def sizes(full: int) -> list[int]:
-    """Candidate widths: the original and multiples of WIDTH_STEP down to half of it."""
-    return sorted({full, *(s for s in range(WIDTH_STEP, full, WIDTH_STEP) if s >= full // 2)}, reverse=True)
+def sizes(full: int, step: int = WIDTH_STEP) -> list[int]:
+    """Candidate widths: the original and multiples of step down to half of it."""
+    return sorted({full, *(s for s in range(step, full, step) if s >= full // 2)}, reverse=True)
 
 
 def candidates(cfg: ModelConfig, target: int, tolerance: float = 0.02) -> list[tuple[Shape, int]]:
@@ -59,14 +64,17 @@ def candidates(cfg: ModelConfig, target: int, tolerance: float = 0.02) -> list[t
 
     Minitron's findings order the search: width before depth (keep every layer if any width-only
     shape fits), attention heads kept, and among width-only shapes the one that takes the most even
-    share from the hidden and the MLP width (the smallest largest relative cut).
+    share from the hidden and the MLP width (the smallest largest relative cut). A hidden size must
+    stay a multiple of the head count, as transformers requires (for SmolLM2's 9 heads and 64-wide
+    steps that leaves only 576: its hidden size is not pruned).
     """
     full = Shape.of(cfg)
+    hidden_step = math.lcm(WIDTH_STEP, full.num_heads)
     if target >= param_count(cfg, full):
         raise UserError(f"--target-params {target:,} is not below the model's {param_count(cfg, full):,} parameters")
     found = []
     for layers in range(full.num_layers, full.num_layers // 2 - 1, -1):
-        for hidden in sizes(full.hidden_size):
+        for hidden in sizes(full.hidden_size, hidden_step):
             for inter in sizes(full.intermediate_size):
                 shape = Shape(hidden, inter, full.num_heads, full.num_kv_heads, layers)
                 n = param_count(cfg, shape)

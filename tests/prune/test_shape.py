@@ -26,5 +26,8 @@ def test_bad_shapes_are_user_errors():
         candidates(SMOLLM2, 200_000_000)
     with pytest.raises(UserError, match="multiple of --num-kv-heads"):
         validate(SMOLLM2, Shape(576, 1536, 8, 3, 30))
+    with pytest.raises(UserError, match="multiple of --num-heads"):
+        validate(SMOLLM2, Shape(512, 1536, 9, 3, 30))  # transformers refuses hidden % heads != 0
+    assert all(s.hidden_size % 9 == 0 for s, _ in candidates(SMOLLM2, 95_000_000))
     with pytest.raises(UserError, match="between 1 and"):
         validate(SMOLLM2, Shape(640, 1536, 9, 3, 30))

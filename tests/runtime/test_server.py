@@ -192,3 +192,23 @@ def test_a_full_waiting_queue_answers_429(tiny_dir):
                 assert res.status_code == 429 and res.json()["error"]["code"] == "queue_full"
                 assert waiting.status_code == 200
         assert wait_for(lambda: metric(url, "compress_kv_blocks_used") == 0)
+
+
+@pytest.mark.slow
+def test_smollm2_chat_over_the_server_equals_the_engine(smollm2_dir):
+    from compress.runtime import LLM
+
+    llm = LLM(smollm2_dir, kv_cache_memory=64 << 20)
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    ids = llm.tokenizer.encode(llm.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False),
+                               add_special_tokens=False)
+    expected = llm.generate([ids], SamplingParams(max_tokens=24, temperature=0))[0]
+    with running_server(llm, name="smollm2") as (url, _):
+        client = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        res = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=24, temperature=0)
+        streamed = client.chat.completions.create(model="smollm2", messages=messages, max_tokens=24, temperature=0,
+                                                  stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in streamed)
+    assert res.choices[0].message.content == expected.text == text
+    assert "Paris" in expected.text
+    assert res.usage.prompt_tokens == len(ids) and res.usage.completion_tokens == len(expected.token_ids)
