@@ -39,7 +39,7 @@ def test_prune_and_distill_write_a_plain_hf_checkpoint(model_and_text, tmp_path)
 
 @pytest.mark.parametrize("args, fragment", [
     (["--target-params", "1B"], "is not below the model's"),
-    (["--num-heads", "3", "--num-kv-heads", "2"], "multiple of --num-kv-heads"),
+    (["--hidden-size", "48", "--num-heads", "3", "--num-kv-heads", "2"], "multiple of --num-kv-heads"),
     (["--hidden-size", "48", "--tokens", "10"], "below one step"),
     (["--hidden-size", "48", "--data", "/nonexistent/text.jsonl"], "not found"),
     (["--hidden-size", "48", "--target-params", "1M"], "not both"),
