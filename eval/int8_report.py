@@ -35,11 +35,9 @@ def outlier_table(model, stats: dict[str, torch.Tensor]) -> list[str]:
 
 
 def plot_absmax(absmax: torch.Tensor, name: str, threshold: float, path: Path) -> None:
-    import matplotlib
+    from compress.eval.report import pyplot
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 3))
     ax.bar(range(absmax.numel()), absmax.numpy(), width=1.0)
     ax.axhline(threshold, color="red", linewidth=0.8, label=f"threshold {threshold:g}")

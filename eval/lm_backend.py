@@ -59,9 +59,10 @@ class CompressLM(TemplateLM):
             whole = (context + continuation)[-self.max_length:]
             items.append((whole, len(whole) - len(continuation)))
         results: list[tuple[float, bool] | None] = [None] * len(items)
+        keys = [ScoreCache.key(whole, start) for whole, start in items] if self.cache else []
         todo = []
-        for i, (whole, start) in enumerate(items):
-            cached = self.cache.get(ScoreCache.key(whole, start)) if self.cache else None
+        for i in range(len(items)):
+            cached = self.cache.get(keys[i]) if self.cache else None
             if cached is None:
                 todo.append(i)
             else:
@@ -70,7 +71,7 @@ class CompressLM(TemplateLM):
         for i, score in self._score([items[i] for i in todo], todo):
             results[i] = score
             if self.cache:
-                self.cache.put(ScoreCache.key(*items[i]), score)
+                self.cache.put(keys[i], score)
             bar.update()
         bar.close()
         if self.cache:

@@ -29,12 +29,17 @@ def markdown_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def plot_mmlu(rows: list[dict], path: Path) -> None:
+def pyplot():
     import matplotlib
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # no display needed
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot_mmlu(rows: list[dict], path: Path) -> None:
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / len(rows)
     for i, r in enumerate(rows):
@@ -50,11 +55,7 @@ def plot_mmlu(rows: list[dict], path: Path) -> None:
 
 
 def plot_ppl_vs_bytes(rows: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for r in rows:
         ax.scatter(r["bytes"] / 2**20, r["wikitext_ppl"])

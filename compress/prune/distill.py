@@ -11,6 +11,7 @@ the data order is a seeded permutation), so a resumed run continues with identic
 
 import json
 import math
+import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -155,8 +156,6 @@ class Distiller:
             self.ckpt_dir.rename(old)
         tmp.rename(self.ckpt_dir)
         if old.exists():
-            import shutil
-
             shutil.rmtree(old)
 
     def load(self) -> None:

@@ -105,20 +105,19 @@ class Report:
     error_samples: list[str] = field(default_factory=list)
 
 
-def pool_for(model: str, prompts, params, fraction: float, **config) -> tuple[LLM, int]:
-    """An engine whose KV pool holds `fraction` of the blocks all requests need at once (at least the largest one)."""
-    probe = LLM(model, kv_cache_memory=1 << 20, **config)
-    block_bytes = probe.runner.block_bytes()
+def pool_for(model: str, probe: LLM, prompts, params, fraction: float) -> tuple[LLM, int]:
+    """An engine whose KV pool holds `fraction` of the blocks all requests need at once (at least the largest one);
+    probe is an engine on the same model, for its block sizes."""
     needs = [probe.blocks.blocks_needed(len(p) + sp.max_tokens) for p, sp in zip(prompts, params)]
     blocks = max(int(sum(needs) * fraction), max(needs))
-    del probe
-    return LLM(model, kv_cache_memory=blocks * block_bytes, max_num_seqs=len(prompts), **config), sum(needs)
+    return LLM(model, kv_cache_memory=blocks * probe.runner.block_bytes(), max_num_seqs=len(prompts)), sum(needs)
 
 
 def run(model: str, clients: int, max_prompt: int, max_new: int, kv_fraction: float, seed: int) -> Report:
-    probe_vocab = LLM(model, kv_cache_memory=1 << 20).vocab_size
-    w = mixed(clients, max_prompt, max_new, probe_vocab, seed)
-    llm, needed = pool_for(model, w.prompts, w.params, kv_fraction)
+    probe = LLM(model, kv_cache_memory=1 << 20)
+    w = mixed(clients, max_prompt, max_new, probe.vocab_size, seed)
+    llm, needed = pool_for(model, probe, w.prompts, w.params, kv_fraction)
+    del probe
     report = Report(clients, llm.blocks.num_blocks, needed)
     with running_server(llm, max_waiting=clients) as (url, _):
         t0 = time.monotonic()

@@ -73,12 +73,6 @@ class Responder:
             tops.append({**{self.token(t): lp for t, lp in entry.top}, text: entry.logprob} if entry else None)
         return {"tokens": tokens, "token_logprobs": token_lps, "top_logprobs": tops, "text_offset": offsets}
 
-    def prompt_entries(self, seq) -> list[TokenLogprob | None]:
-        """Prompt tokens as logprob entries; the first has none."""
-        entries = list(seq.prompt_logprobs)
-        entries[0] = None
-        return entries
-
     def chat_logprobs(self, entries: list[TokenLogprob]) -> dict:
         def item(token_id: int, logprob: float) -> dict:
             text = self.token(token_id)

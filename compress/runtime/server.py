@@ -144,7 +144,7 @@ class Server:
         def logprobs(seq, entries, with_prompt: bool):
             if req.logprobs is None:
                 return None
-            return out.completion_logprobs((out.prompt_entries(seq) if with_prompt else []) + entries)
+            return out.completion_logprobs((seq.prompt_logprobs if with_prompt else []) + entries)
 
         if req.stream:
             def chunk(tag, delta, update, first):

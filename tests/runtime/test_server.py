@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from compress.runtime import SamplingParams
+from compress.runtime.loadtest import metric
 from compress.runtime.local_server import running_server
 from tests.runtime.conftest import make_llm
 
@@ -59,7 +60,7 @@ def test_stream_chunks_concatenate_to_the_non_streaming_text(client):
 def test_several_prompts_give_one_choice_each_in_order(client):
     res = client.completions.create(model="tiny", prompt=[PROMPT, "Hello"], max_tokens=5, temperature=0)
     assert [c.index for c in res.choices] == [0, 1]
-    assert res.choices[0].text == greedy(client, ).choices[0].text[:len(res.choices[0].text)]
+    assert res.choices[0].text == greedy(client).choices[0].text[:len(res.choices[0].text)]
 
 
 def test_chat_stream_equals_chat(client):
@@ -153,11 +154,6 @@ def test_without_api_key_anyone_on_loopback_is_served(llm):
         res = httpx.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 2})
         assert res.status_code == 200 and res.json()["usage"]["completion_tokens"] == 2
         assert httpx.get(url + "/v1/nope").json()["error"]["type"] == "invalid_request_error"
-
-
-def metric(url: str, name: str) -> float:
-    line = next(ln for ln in httpx.get(url + "/metrics").text.splitlines() if ln.startswith(name + " "))
-    return float(line.split()[1])
 
 
 def wait_for(predicate, timeout: float = 10.0) -> bool:
