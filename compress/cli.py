@@ -123,6 +123,12 @@ def info(model, gpu, batch, context):
     print_info(model, gpu, batch, context)
 
 
+DRAFT = click.option("--draft", default=None, help="speculative decoding: a smaller model with the same tokenizer proposes tokens")
+SPEC_PROMPT_LEN = 64  # tokens of each document that prompt the speculative bench
+NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, default=4, show_default=True,
+                                      help="draft tokens verified per step (with --draft)")
+
+
 @cli.command()
 @click.argument("model")
 @click.argument("prompt")
@@ -133,12 +139,15 @@ def info(model, gpu, batch, context):
 @click.option("--seed", type=int, default=None, help="for reproducible sampling")
 @click.option("--chat", is_flag=True, help="wrap the prompt in the tokenizer's chat template")
 @click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: a fraction of free memory]")
-def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, kv_cache_memory):
+@DRAFT
+@NUM_SPECULATIVE_TOKENS
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, kv_cache_memory, draft, num_speculative_tokens):
     """Generate a completion of PROMPT with MODEL on the runtime, streamed to the terminal."""
     from compress.runtime.generate import run_generate
 
     params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    run_generate(model, prompt, params, chat, kv_cache_memory)
+    engine = dict(kv_cache_memory=kv_cache_memory, draft=draft, num_speculative_tokens=num_speculative_tokens)
+    run_generate(model, prompt, params, chat, engine)
 
 
 @cli.command()
@@ -150,11 +159,22 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, k
 @click.option("--no-hf", is_flag=True, help="only our engine (no transformers baselines)")
 @click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
 @click.option("--max-num-batched-tokens", type=int, default=512, show_default=True)
-def bench(model, workload, requests, max_prompt, max_new, no_hf, kv_cache_memory, max_num_batched_tokens):
+@click.option("--draft", multiple=True, help="instead: speculative decoding with this draft (repeatable) vs the target alone")
+@NUM_SPECULATIVE_TOKENS
+@click.option("--spec-batch-sizes", default="1,8", show_default=True, help="with --draft: batch sizes to compare")
+def bench(model, workload, requests, max_prompt, max_new, no_hf, kv_cache_memory, max_num_batched_tokens, draft,
+          num_speculative_tokens, spec_batch_sizes):
     """Throughput, TTFT and inter-token latency of the runtime vs transformers on a seeded workload."""
+    engine = dict(kv_cache_memory=kv_cache_memory, max_num_batched_tokens=max_num_batched_tokens)
+    if draft:
+        from compress.runtime.spec_bench import parse_batch_sizes, run_spec_bench, table
+
+        rows = run_spec_bench(model, list(draft), num_speculative_tokens, parse_batch_sizes(spec_batch_sizes), max_new,
+                              SPEC_PROMPT_LEN, engine)
+        click.echo(table(rows))
+        return
     from compress.runtime.bench import run_bench
 
-    engine = dict(kv_cache_memory=kv_cache_memory, max_num_batched_tokens=max_num_batched_tokens)
     run_bench(model, requests, max_prompt, max_new, not no_hf, engine)
 
 
@@ -171,13 +191,16 @@ def bench(model, workload, requests, max_prompt, max_new, no_hf, kv_cache_memory
 @click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: 10%% of free memory]")
 @click.option("--max-body-bytes", type=int, default=4 << 20, show_default=True, help="larger request bodies get 413")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@DRAFT
+@NUM_SPECULATIVE_TOKENS
 def serve(model, host, port, served_model_name, api_key, max_num_seqs, max_waiting, max_model_len, kv_cache_memory,
-          max_body_bytes, dtype):
+          max_body_bytes, dtype, draft, num_speculative_tokens):
     """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
     from compress.runtime.server import serve as run_server
 
     run_server(model, host, port, served_model_name, api_key, max_waiting, max_body_bytes, max_num_seqs=max_num_seqs,
-               max_model_len=max_model_len, kv_cache_memory=kv_cache_memory, dtype=dtype)
+               max_model_len=max_model_len, kv_cache_memory=kv_cache_memory, dtype=dtype, draft=draft,
+               num_speculative_tokens=num_speculative_tokens)
 
 
 def _terminate(signum, frame):

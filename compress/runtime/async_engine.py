@@ -108,6 +108,13 @@ class AsyncEngine:
                                                blocks.num_prefix_hits / lookups if lookups else 0.0),
         }
         counters = {"compress_num_preemptions_total": ("Sequences preempted for lack of KV blocks.", llm.scheduler.num_preemptions)}
+        if llm.drafter:
+            spec = llm.spec_stats
+            counters |= {
+                "compress_spec_decode_draft_tokens_total": ("Draft tokens proposed for verification.", sum(spec.proposed)),
+                "compress_spec_decode_accepted_tokens_total": ("Draft tokens the target accepted.", sum(spec.accepted)),
+                "compress_spec_decode_steps_total": ("Verification steps with at least one draft token.", spec.steps),
+            }
         return self.metrics.render(gauges, counters)
 
     def _loop(self) -> None:

@@ -1,9 +1,11 @@
 """The runtime's attention backend for ``Decoder``: write each step's K/V into its cache slots, then
 attend per sequence over the sequence's blocks.
 
-The step's tokens arrive flattened as one [1, N] batch. Sequences with one new token (decodes)
-share one paged decode-attention call; sequences with several (a prompt, a prompt chunk, a
-recompute after preemption) each attend causally over their cached prefix plus their new tokens.
+The step's tokens arrive flattened as one [1, N] batch. Every new token of a sequence with at most
+DECODE_ROWS of them (a decode, a speculative verification of a few draft tokens, a short prompt) is
+a row of one paged decode-attention call, over the cache up to and including its own position
+(its K/V is written first); sequences with more (a prompt, a prompt chunk, a recompute after
+preemption) each attend causally over their cached prefix plus their new tokens.
 KV layout (docs/kernels.md): k/v cache [num_blocks, block_size, KVH, D]; token t of a sequence is
 slot t % block_size of block block_table[t // block_size].
 """
@@ -14,6 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from compress import kernels
+
+DECODE_ROWS = 16  # beyond this many new tokens a sequence's rows cost more gathered than as one causal SDPA
 
 
 @dataclass
@@ -28,9 +32,9 @@ class Prefill:
 class AttentionMetadata:
     positions: torch.Tensor  # [N] long: position of every new token in its sequence
     slots: torch.Tensor  # [N] long: cache slot (block * block_size + offset) of every new token
-    decode_rows: torch.Tensor  # [Sd] long: rows of the one-token sequences
-    decode_tables: torch.Tensor  # [Sd, MB] int32 block tables of those sequences
-    decode_lens: torch.Tensor  # [Sd] int32 context lengths (the new token included)
+    decode_rows: torch.Tensor  # [Sd] long: rows attended as decodes (see DECODE_ROWS)
+    decode_tables: torch.Tensor  # [Sd, MB] int32 block table of each row's sequence
+    decode_lens: torch.Tensor  # [Sd] int32 context length of each row (its own token included)
     prefills: list[Prefill]
 
     @classmethod
@@ -43,15 +47,15 @@ class AttentionMetadata:
         first_row = torch.cumsum(lens_t, 0) - lens_t  # [S]
         positions = starts_t[seq_of_row] + torch.arange(seq_of_row.numel()) - first_row[seq_of_row]  # [N]
         slots = table[seq_of_row, positions // block_size].long() * block_size + positions % block_size  # [N]
-        decode = (lens_t == 1).nonzero().flatten()  # [Sd]
-        decode_lens = (starts_t[decode] + 1).int()
+        decode = (lens_t[seq_of_row] <= DECODE_ROWS).nonzero().flatten()  # [Sd] rows
+        decode_lens = (positions[decode] + 1).int()
         decode_width = -(-int(decode_lens.max()) // block_size) if decode.numel() else 0
         prefills = [
             Prefill(int(first_row[i]), int(first_row[i]) + n, starts[i] + n, table[i, : -(-(starts[i] + n) // block_size)].long())
-            for i, n in enumerate(lens) if n > 1
+            for i, n in enumerate(lens) if n > DECODE_ROWS
         ]
         return cls(
-            positions.to(device), slots.to(device), first_row[decode].to(device), table[decode, :decode_width].to(device),
+            positions.to(device), slots.to(device), decode.to(device), table[seq_of_row[decode], :decode_width].to(device),
             decode_lens.to(device), [Prefill(p.start, p.end, p.context, p.blocks.to(device)) for p in prefills],
         )
 

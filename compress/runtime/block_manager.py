@@ -98,15 +98,24 @@ class BlockManager:
             self.cached.setdefault(h, block.id)
 
     def free(self, seq: Sequence) -> None:
+        self._release(seq.block_table)
+        seq.block_table = []
+        seq.block_hashes = []
+        seq.num_computed = 0
+
+    def truncate(self, seq: Sequence) -> None:
+        """Free the blocks past what seq's tokens need (those held for rejected draft tokens)."""
+        keep = self.blocks_needed(seq.num_tokens)
+        self._release(seq.block_table[keep:])
+        del seq.block_table[keep:]
+
+    def _release(self, block_ids: list[int]) -> None:
         # Tail blocks first, so that when the pool evicts, a shared prefix outlives the suffixes.
-        for block_id in reversed(seq.block_table):
+        for block_id in reversed(block_ids):
             block = self.blocks[block_id]
             block.ref_count -= 1
             if block.ref_count == 0:
                 self.free_ids[block_id] = None
-        seq.block_table = []
-        seq.block_hashes = []
-        seq.num_computed = 0
 
     def _new_blocks(self, seq: Sequence, num_new: int) -> int:
         grow = max(self.blocks_needed(seq.num_computed + num_new) - len(seq.block_table), 0)

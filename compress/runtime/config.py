@@ -20,9 +20,10 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str = "float32"
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
+    num_speculative_tokens: int = 4  # draft tokens per step when the engine has a draft model
 
     def __post_init__(self):
-        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size"):
+        for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_speculative_tokens"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:

@@ -4,17 +4,21 @@ from collections.abc import Iterator
 from itertools import count
 from pathlib import Path
 
+import torch
+
 from compress.errors import UserError
 from compress.models import load_model, load_tokenizer, resolve
 from compress.runtime.block_manager import BlockManager
 from compress.runtime.config import EngineConfig
 from compress.runtime.detokenizer import Detokenizer
+from compress.runtime.drafter import Drafter
 from compress.runtime.logprobs import token_logprobs
 from compress.runtime.model_runner import ModelRunner
 from compress.runtime.output import RequestOutput
-from compress.runtime.sampler import Sampler
+from compress.runtime.sampler import Sampler, warp
 from compress.runtime.scheduler import Scheduler
 from compress.runtime.sequence import SamplingParams, Sequence
+from compress.runtime.speculative import SpecStats, accept, accept_greedy
 
 Prompt = str | list[int]
 
@@ -26,9 +30,14 @@ def eos_ids(model_eos, tokenizer) -> frozenset[int]:
 
 
 class LLM:
-    """``LLM(model, **EngineConfig fields).generate(prompts, SamplingParams(...))``."""
+    """``LLM(model, **EngineConfig fields).generate(prompts, SamplingParams(...))``.
 
-    def __init__(self, model: str | Path, **config):
+    ``draft=`` names a smaller model with the same tokenizer for speculative decoding: it proposes
+    ``num_speculative_tokens`` tokens per step and the target verifies them in one forward; outputs
+    are distributed exactly as without it (greedy: identical).
+    """
+
+    def __init__(self, model: str | Path, draft: str | Path | None = None, **config):
         self.config = EngineConfig(**config)
         model_dir = resolve(str(model))
         self.tokenizer = load_tokenizer(model_dir)
@@ -40,6 +49,8 @@ class LLM:
         self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
         self.sampler = Sampler()
+        self.drafter = None if draft is None else Drafter(draft, self.tokenizer, self.config, self.runner.num_blocks, self.max_model_len)
+        self.spec_stats = SpecStats(self.config.num_speculative_tokens)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.requests: dict[int, Sequence] = {}  # unfinished, by request id
         self._ids = count()
@@ -55,32 +66,61 @@ class LLM:
         seq = self.requests.pop(request_id, None)
         if seq is not None:
             self.scheduler.finish(seq, "abort")
+            if self.drafter:
+                self.drafter.sync()
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
 
     def step(self) -> list[RequestOutput]:
-        """Run one scheduled step; an output for every request that sampled a token."""
+        """Run one scheduled step; an output for every request that gained tokens."""
+        if self.drafter:
+            self.drafter.propose(self.scheduler.running, self.vocab_size)
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        logits, prompt_logits = self.runner.run(batch)  # [S, V], [R, V]
+        logits, prompt_logits = self.runner.run(batch)  # [sum of sample rows, V], [R, V]
         sampling = [s for i, s in enumerate(batch.seqs) if batch.samples(i)]
-        tokens = self.sampler(logits, sampling)
-        self._record_logprobs(batch, logits, prompt_logits, sampling, tokens)
-        self.scheduler.postprocess(batch, tokens)
+        rows = logits.split([1 + s.num_draft for s in sampling])
+        new_tokens = self._new_tokens(rows, sampling)
+        kept_from = [s.num_tokens - s.num_draft for s in sampling]
+        self._record_prompt_logprobs(batch, prompt_logits)
+        self.scheduler.postprocess(batch, new_tokens)
+        self._record_logprobs(rows, sampling, kept_from)
         for seq in sampling:
             if seq.params.stop and not seq.finished and self.detokenizer.hits_stop(seq):
                 self.scheduler.finish(seq, "stop")
-        return [self._output(seq, [token]) for seq, token in zip(sampling, tokens)]
+        if self.drafter:
+            self.drafter.sync()
+        return [self._output(seq, seq.token_ids[start:]) for seq, start in zip(sampling, kept_from)]
+
+    def _new_tokens(self, rows: tuple[torch.Tensor, ...], sampling: list[Sequence]) -> list[list[int]]:
+        """Per sampling sequence: its accepted draft tokens, then one token from the target."""
+        if not any(s.num_draft for s in sampling):
+            return [[t] for t in self.sampler(torch.cat(rows), sampling)] if sampling else []
+        out = []
+        for seq, seq_logits in zip(sampling, rows):  # seq_logits [1 + num_draft, V]
+            drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
+            if seq.params.greedy:
+                tokens = accept_greedy(seq_logits.argmax(-1).tolist(), drafts)
+            else:
+                tokens = accept(warp(seq_logits, [seq] * len(seq_logits)), self.drafter.draft_probs(seq), drafts, seq.generator)
+            self.spec_stats.record(len(drafts), len(tokens) - 1)
+            out.append(tokens)
+        return out
 
     @staticmethod
-    def _record_logprobs(batch, logits, prompt_logits, sampling: list[Sequence], tokens: list[int]) -> None:
-        for row, (seq, token) in enumerate(zip(sampling, tokens)):
+    def _record_logprobs(rows: tuple[torch.Tensor, ...], sampling: list[Sequence], kept_from: list[int]) -> None:
+        """Logprobs of the tokens each sequence kept this step, from the rows that scored them."""
+        for seq, seq_logits, start in zip(sampling, rows, kept_from):
             if seq.params.logprobs is not None:
-                seq.logprobs += token_logprobs(logits[row:row + 1], [token], seq.params.logprobs)
+                kept = seq.token_ids[start:]
+                seq.logprobs += token_logprobs(seq_logits[:len(kept)], kept, seq.params.logprobs)
+
+    @staticmethod
+    def _record_prompt_logprobs(batch, prompt_logits: torch.Tensor) -> None:
         row = 0
-        for i, first, n in batch.prompt_logprob_rows():
+        for i, first, n in batch.prompt_logprob_rows():  # before postprocess moves num_computed on
             seq = batch.seqs[i]
             targets = seq.token_ids[first + 1:first + 1 + n]
             seq.prompt_logprobs[first + 1:first + 1 + n] = token_logprobs(prompt_logits[row:row + n], targets, seq.params.prompt_logprobs)

@@ -14,12 +14,12 @@ def chat_prompt(tokenizer, prompt: str) -> list[int]:
     return tokenizer.encode(text, add_special_tokens=False)
 
 
-def run_generate(model: str, prompt: str, params: dict, chat: bool, kv_cache_memory: int | None) -> None:
-    """Stream the completion of prompt to stdout (engine messages go to stderr)."""
+def run_generate(model: str, prompt: str, params: dict, chat: bool, engine: dict) -> None:
+    """Stream the completion of prompt to stdout (engine messages go to stderr); engine: LLM keyword arguments."""
     sampling = SamplingParams(**params)  # bad options fail before the model loads
     if not prompt:
         raise UserError("the prompt is empty")
-    llm = LLM(model, max_num_seqs=1, kv_cache_memory=kv_cache_memory)
+    llm = LLM(model, max_num_seqs=1, **engine)
     request = chat_prompt(llm.tokenizer, prompt) if chat else prompt
     for delta in llm.stream(request, sampling):
         sys.stdout.write(delta)

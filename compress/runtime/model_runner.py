@@ -33,6 +33,11 @@ def dense_packed_linears(model: nn.Module) -> int:
     return len(swaps)
 
 
+def kv_block_bytes(cfg, block_size: int, dtype: torch.dtype) -> int:
+    """Bytes of one KV block (K and V of every layer) of a model with ModelConfig cfg."""
+    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+
+
 def free_memory(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -56,9 +61,7 @@ class ModelRunner:
         print(f"runtime: KV cache {self.num_blocks} blocks x {self.block_size} tokens ({mib:.1f} MiB)", file=sys.stderr)
 
     def block_bytes(self) -> int:
-        cfg = self.model.cfg
-        itemsize = torch.empty((), dtype=self.config.torch_dtype).element_size()
-        return 2 * cfg.num_layers * self.config.block_size * cfg.num_kv_heads * cfg.head_dim * itemsize
+        return kv_block_bytes(self.model.cfg, self.block_size, self.config.torch_dtype)
 
     def _pool_blocks(self, max_model_len: int) -> int:
         """Blocks that fit the byte budget, capped at what max_num_seqs full-length sequences could use."""
@@ -70,14 +73,15 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits (fp32) at the last token of every sequence that samples this step, in batch order [S, V],
-        and at the rows of batch.prompt_logprob_rows(), concatenated in that order [R, V]."""
+        """Logits (fp32) at the batch.num_sample_rows(i) last tokens of every sequence that samples this step
+        (the last token, after its draft tokens if any), in batch order [S, V], and at the rows of
+        batch.prompt_logprob_rows(), concatenated in that order [R, V]."""
         self._copy_blocks(batch.copies)
         starts = [s.num_computed for s in batch.seqs]
         ids = [t for s, c, n in zip(batch.seqs, starts, batch.num_new_tokens) for t in s.token_ids[c:c + n]]
         meta = AttentionMetadata.build(starts, batch.num_new_tokens, [s.block_table for s in batch.seqs], self.block_size, self.device)
         ends = list(accumulate(batch.num_new_tokens))
-        last_rows = [end - 1 for i, end in enumerate(ends) if batch.samples(i)]
+        last_rows = [row for i, end in enumerate(ends) for row in range(end - batch.num_sample_rows(i), end)]
         prompt_rows = [ends[i] - batch.num_new_tokens[i] + (p - starts[i])
                        for i, first, n in batch.prompt_logprob_rows() for p in range(first, first + n)]
         backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window)

@@ -6,6 +6,10 @@ newest running sequence is preempted: its blocks are freed and it goes back to t
 waiting queue, to be recomputed (prompt + output so far) later. Then, if nothing was preempted,
 waiting sequences are admitted in arrival order while the token budget, the sequence limit and
 the pool allow; a prompt longer than the remaining budget is prefilled in chunks.
+
+With speculative decoding a decoding sequence arrives with draft tokens appended; it is scheduled
+with all of them (the target scores every draft in the same forward) unless the budget or the pool
+is short, in which case drafts are dropped before anything is preempted.
 """
 
 from collections import deque
@@ -30,6 +34,10 @@ class ScheduledBatch:
     def samples(self, i: int) -> bool:
         """Whether seq i reaches its last token this step (so its last logits are sampled)."""
         return self.seqs[i].num_computed + self.num_new_tokens[i] == self.seqs[i].num_tokens
+
+    def num_sample_rows(self, i: int) -> int:
+        """Trailing rows of seq i whose logits are needed: the last token's and one per draft token."""
+        return 1 + self.seqs[i].num_draft if self.samples(i) else 0
 
     def prompt_logprob_rows(self) -> list[tuple[int, int, int]]:
         """(seq index, first position, count): the rows of this step whose logits score a prompt token.
@@ -66,8 +74,13 @@ class Scheduler:
         i = 0
         while i < len(self.running) and budget > 0:
             seq = self.running[i]
+            seq.keep_draft(budget - 1)
             num_new = min(seq.num_tokens - seq.num_computed, budget)
             while not self.blocks.can_append(seq, num_new):
+                if seq.num_draft:
+                    seq.keep_draft(0)
+                    num_new = seq.num_tokens - seq.num_computed
+                    continue
                 preempted = True
                 self._preempt(self.running[-1])
                 if seq.status is not Status.RUNNING:
@@ -76,6 +89,8 @@ class Scheduler:
                 batch.add(seq, num_new, self.blocks.append(seq, num_new))
                 budget -= num_new
                 i += 1
+        for seq in self.running[i:]:  # out of budget this step: their drafts would go stale
+            seq.keep_draft(0)
         if not preempted:
             self._admit(batch, budget)
         return batch
@@ -96,27 +111,46 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
+        seq.keep_draft(0)
         self.blocks.free(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
 
-    def postprocess(self, batch: ScheduledBatch, sampled: list[int]) -> None:
-        """Account for a finished step: sampled[j] is the token of the j-th sampling seq of the batch."""
+    def postprocess(self, batch: ScheduledBatch, sampled: list[list[int]]) -> None:
+        """Account for a finished step. sampled[j] is what the j-th sampling seq of the batch gained: its
+        accepted draft tokens (a prefix of its drafts), then one token sampled by the target."""
         tokens = iter(sampled)
         for i, seq in enumerate(batch.seqs):
             samples = batch.samples(i)
             seq.num_computed += batch.num_new_tokens[i]
-            self.blocks.commit(seq)
             if samples:
-                seq.token_ids.append(next(tokens))
-                self._check_finished(seq)
+                self._take(seq, next(tokens))
+            else:
+                self.blocks.commit(seq)
 
-    def _check_finished(self, seq: Sequence) -> None:
+    def _take(self, seq: Sequence, new_tokens: list[int]) -> None:
+        """Replace seq's drafts by new_tokens, up to the first that ends the sequence. Every token but the
+        last now has its K/V in the cache (the drafts were computed this step); blocks past them are freed."""
+        seq.keep_draft(0)
+        reason = None
+        for token in new_tokens:
+            seq.token_ids.append(token)
+            reason = self._finish_reason(seq)
+            if reason:
+                break
+        seq.num_computed = seq.num_tokens - 1
+        self.blocks.truncate(seq)
+        self.blocks.commit(seq)
+        if reason:
+            self.finish(seq, reason)
+
+    def _finish_reason(self, seq: Sequence) -> str | None:
         if seq.token_ids[-1] in seq.stop_ids:
-            self.finish(seq, "stop")
-        elif seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
-            self.finish(seq, "length")
+            return "stop"
+        if seq.num_output_tokens >= seq.params.max_tokens or seq.num_tokens >= self.max_model_len:
+            return "length"
+        return None
 
     def finish(self, seq: Sequence, reason: str) -> None:
         """Take seq out of the queues and free its blocks (end of generation, stop string, abort)."""

@@ -71,6 +71,7 @@ class Sequence:
         self.stop_ids = frozenset(params.stop_token_ids) | (frozenset() if params.ignore_eos else eos_token_ids)
         self.status = Status.WAITING
         self.num_computed = 0  # tokens whose K/V are in the cache
+        self.num_draft = 0  # trailing token_ids proposed by a draft model, not yet verified (speculative decoding)
         self.block_table: list[int] = []  # physical block ids, in token order
         self.block_hashes: list[int] = []  # chained hashes of the leading full blocks, once computed
         self.finish_reason: str | None = None
@@ -81,6 +82,12 @@ class Sequence:
             self.generator.seed()
         else:
             self.generator.manual_seed(params.seed)
+
+    def keep_draft(self, n: int) -> None:
+        """Drop all but the first n draft tokens."""
+        if n < self.num_draft:
+            del self.token_ids[self.num_tokens - self.num_draft + n:]
+            self.num_draft = n
 
     @property
     def max_cached_tokens(self) -> int:

@@ -1,12 +1,13 @@
 """The paged backend against the kernels' reference (decode) and dense causal attention (prefill)."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from compress.kernels import reference
-from compress.runtime.attention import AttentionMetadata, PagedAttention
+from compress.runtime.attention import DECODE_ROWS, AttentionMetadata, PagedAttention
 
-L, NB, BS, H, KV, D = 1, 12, 4, 4, 2, 8
+L, NB, BS, H, KV, D = 1, 16, 4, 4, 2, 8
 
 
 def dense_causal(q, k, v):
@@ -14,13 +15,18 @@ def dense_causal(q, k, v):
     return out.transpose(0, 1)  # [T, H, D]
 
 
-def test_mixed_step_matches_reference_and_dense():
+@pytest.mark.parametrize("lens, tables", [
+    # Two decodes, a prefill after a cached prefix, a fresh prefill: short ones (rows of the decode path,
+    # as a speculative verification is) and long ones (DECODE_ROWS < n: one causal SDPA each).
+    ([1, 1, 6, 7], [[3, 0, 7], [5], [1, 2, 4, 6], [8, 9]]),
+    ([1, 1, 18, 19], [[3, 0, 7], [5], [1, 2, 4, 6, 10, 11], [8, 9, 12, 13, 14]]),
+])
+def test_mixed_step_matches_reference_and_dense(lens, tables):
     torch.manual_seed(0)
     kv = torch.randn(2, L, NB, BS, KV, D)
-    tables = [[3, 0, 7], [5], [1, 2, 4, 6], [8, 9]]
     starts = [9, 2, 5, 0]  # tokens cached before this step
-    lens = [1, 1, 6, 7]  # two decodes, a prefill after a cached prefix, a fresh prefill
     meta = AttentionMetadata.build(starts, lens, tables, BS, "cpu")
+    assert len(meta.prefills) == sum(n > DECODE_ROWS for n in lens)
     n = sum(lens)
     q, k, v = torch.randn(1, n, H, D), torch.randn(1, n, KV, D), torch.randn(1, n, KV, D)
     out = PagedAttention(kv, meta, None)(0, q, k, v)[0]  # [N, H, D]
@@ -36,10 +42,11 @@ def test_mixed_step_matches_reference_and_dense():
         blocks = torch.tensor(tables[i])
         return (c[blocks].reshape(-1, KV, D)[: starts[i] + lens[i]] for c in (kv[0, 0], kv[1, 0]))
 
-    k2, v2 = seq_kv(2)  # [11, KV, D]
-    q2 = torch.cat([torch.randn(5, H, D), q[0, 2:8]])  # queries of the cached tokens do not matter
-    torch.testing.assert_close(out[2:8], dense_causal(q2, k2, v2)[5:], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(out[8:], dense_causal(q[0, 8:], k[0, 8:], v[0, 8:]), atol=1e-5, rtol=1e-5)
+    k2, v2 = seq_kv(2)  # [5 + lens[2], KV, D]
+    end2 = 2 + lens[2]
+    q2 = torch.cat([torch.randn(5, H, D), q[0, 2:end2]])  # queries of the cached tokens do not matter
+    torch.testing.assert_close(out[2:end2], dense_causal(q2, k2, v2)[5:], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out[end2:], dense_causal(q[0, end2:], k[0, end2:], v[0, end2:]), atol=1e-5, rtol=1e-5)
 
 
 def test_sliding_window_masks_old_tokens():

@@ -153,7 +153,7 @@ def test_logprobs_equal_transformers_across_chunked_prefill(tiny_dir, hf_tiny, p
     for seq in seqs:
         with torch.no_grad():
             ref = hf_tiny(torch.tensor([seq.token_ids])).logits[0].log_softmax(-1)  # [T, V]
-        ids, n = seq.token_ids, seq.num_prompt_tokens
+        ids = seq.token_ids
         assert seq.prompt_logprobs[0] is None
         got = [e.logprob for e in seq.prompt_logprobs[1:]] + [e.logprob for e in seq.logprobs]
         assert got == pytest.approx([ref[p - 1, ids[p]].item() for p in range(1, len(ids))], abs=1e-4)

@@ -19,7 +19,7 @@ def step(sched):
     """Schedule, then account for it as the engine would, sampling token 7 where a sequence samples."""
     batch = sched.schedule()
     plan = {s.id: n for s, n in zip(batch.seqs, batch.num_new_tokens)}
-    sched.postprocess(batch, [7] * sum(batch.samples(i) for i in range(len(batch.seqs))))
+    sched.postprocess(batch, [[7]] * sum(batch.samples(i) for i in range(len(batch.seqs))))
     return plan
 
 
@@ -77,3 +77,51 @@ def test_finished_sequences_free_their_blocks():
     step(sched)
     assert a.finished and a.finish_reason == "length" and sched.blocks.num_free == 64
     assert not sched.has_unfinished()
+
+
+def draft(seq, tokens):
+    seq.token_ids += tokens
+    seq.num_draft = len(tokens)
+
+
+def test_drafts_are_scheduled_with_their_sequence_and_cut_to_the_budget():
+    sched = scheduler(max_num_batched_tokens=4)
+    a = add(sched, 0, 3)
+    step(sched)  # prefill; a now decodes
+    draft(a, [1, 2, 3, 4, 5])
+    batch = sched.schedule()
+    assert batch.num_new_tokens == [4] and a.num_draft == 3 and batch.num_sample_rows(0) == 4
+
+
+def test_postprocess_keeps_accepted_drafts_and_frees_the_blocks_of_rejected_ones():
+    sched = scheduler()
+    a = add(sched, 0, 7)
+    step(sched)  # 7 prompt tokens + 1 sampled: 8 tokens, 7 computed, 2 blocks of 4
+    draft(a, [11, 12, 13, 14, 15])  # 13 tokens: 4 blocks
+    batch = sched.schedule()
+    assert len(a.block_table) == 4
+    sched.postprocess(batch, [[11, 12, 99]])  # two accepted, the third corrected
+    assert a.output_token_ids == [7, 11, 12, 99] and a.num_draft == 0
+    assert a.num_computed == 10 and len(a.block_table) == 3
+    assert sched.blocks.num_free == 64 - 3
+
+
+def test_a_stop_token_among_accepted_drafts_finishes_there():
+    sched = scheduler()
+    a = add(sched, 0, 3, max_tokens=100)
+    a.stop_ids = frozenset({12})
+    step(sched)
+    draft(a, [11, 12, 13])
+    sched.postprocess(sched.schedule(), [[11, 12, 13, 14]])
+    assert a.output_token_ids == [7, 11, 12] and a.finish_reason == "stop"
+    assert sched.blocks.num_free == 64
+
+
+def test_drafts_go_before_anything_is_preempted():
+    sched = scheduler(num_blocks=3)
+    a = add(sched, 0, 4)
+    add(sched, 1, 3)
+    step(sched)  # a: 5 tokens, b: 4, one block each so far; a's next token takes the last free block
+    draft(a, [1, 2, 3, 4])  # with these a would need two more
+    batch = sched.schedule()
+    assert a.num_draft == 0 and batch.num_new_tokens == [1, 1] and sched.num_preemptions == 0

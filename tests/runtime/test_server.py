@@ -208,3 +208,13 @@ def test_smollm2_chat_over_the_server_equals_the_engine(smollm2_dir):
     assert res.choices[0].message.content == expected.text == text
     assert "Paris" in expected.text
     assert res.usage.prompt_tokens == len(ids) and res.usage.completion_tokens == len(expected.token_ids)
+
+
+def test_server_with_a_draft_gives_the_same_text_and_counts_acceptance(tiny_dir, client):
+    expected = greedy(client).choices[0].text
+    with running_server(make_llm(tiny_dir, draft=tiny_dir, num_speculative_tokens=3)) as (url, _):
+        spec = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
+        assert greedy(spec).choices[0].text == expected
+        assert "".join(c.choices[0].text for c in greedy(spec, stream=True) if c.choices) == expected
+        accepted, drafted = (metric(url, f"compress_spec_decode_{n}_tokens_total") for n in ("accepted", "draft"))
+    assert accepted == drafted > 0  # the target is its own draft

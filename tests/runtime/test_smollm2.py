@@ -19,14 +19,29 @@ PROMPTS = [
 ]
 
 
-@pytest.mark.slow
-def test_batched_greedy_equals_transformers(smollm2_dir):
-    from transformers import AutoModelForCausalLM
+PARAMS = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
-    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
-    llm = LLM(smollm2_dir, kv_cache_memory=128 << 20, max_num_batched_tokens=64)  # chunks the long prompts
-    outs = llm.generate(PROMPTS, params)
+
+@pytest.fixture(scope="module")
+def expected(smollm2_dir):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
     hf = AutoModelForCausalLM.from_pretrained(smollm2_dir, dtype=torch.float32).eval()
-    for prompt, out in zip(PROMPTS, outs):
-        assert out.token_ids == hf_greedy(hf, llm.tokenizer.encode(prompt), params.max_tokens), prompt
+    tok = AutoTokenizer.from_pretrained(smollm2_dir)
+    return [hf_greedy(hf, tok.encode(p), PARAMS.max_tokens) for p in PROMPTS]
+
+
+@pytest.mark.slow
+def test_batched_greedy_equals_transformers(smollm2_dir, expected):
+    llm = LLM(smollm2_dir, kv_cache_memory=128 << 20, max_num_batched_tokens=64)  # chunks the long prompts
+    assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS)] == expected
     assert llm.blocks.num_free == llm.blocks.num_blocks
+
+
+@pytest.mark.slow
+def test_speculative_greedy_with_a_poor_draft_equals_transformers(smollm2_dir, tiny_dir, expected):
+    # A random 2-layer draft with SmolLM2's tokenizer: nearly every draft token is rejected and rolled back.
+    llm = LLM(smollm2_dir, draft=tiny_dir, num_speculative_tokens=4, kv_cache_memory=128 << 20, max_num_batched_tokens=64)
+    assert [o.token_ids for o in llm.generate(PROMPTS, PARAMS)] == expected
+    assert llm.spec_stats.steps > 0
+    assert llm.blocks.num_free == llm.blocks.num_blocks and llm.drafter.blocks.num_free == llm.drafter.blocks.num_blocks

@@ -1,0 +1,82 @@
+"""`compress bench MODEL --draft D [--draft D2 ...]`: speculative decoding against the target alone, in one run.
+
+Prompts are the openings of real documents (the C4 calibration set under $COMPRESS_DATA_DIR), since
+how often a draft agrees with the target depends on the text. Decoding is greedy, so every
+speculative run must reproduce the target's tokens exactly; the table says whether it did. For
+each batch size the target alone runs first, then each draft, so the ratios compare neighbours in
+time on a noisy machine.
+"""
+
+import time
+
+from compress.calib import read_texts
+from compress.errors import UserError
+from compress.runtime.engine import LLM
+from compress.runtime.output import RequestOutput
+from compress.runtime.sequence import SamplingParams
+from compress.runtime.speculative import SpecStats
+
+
+def text_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
+    """The first `length` tokens of the first n documents that have them."""
+    prompts = []
+    for text in read_texts(None):
+        ids = tokenizer.encode(text)
+        if len(ids) >= length:
+            prompts.append(ids[:length])
+        if len(prompts) == n:
+            return prompts
+    raise UserError(f"the C4 calibration set has fewer than {n} documents of {length} tokens")
+
+
+def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list[RequestOutput]]:
+    t0 = time.perf_counter()
+    outs = llm.generate(prompts, params)
+    return time.perf_counter() - t0, outs
+
+
+def parse_batch_sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(b) for b in text.split(",")]
+    except ValueError:
+        sizes = []
+    if not sizes or min(sizes) < 1:
+        raise UserError(f"batch sizes must be positive integers separated by commas, got {text!r}")
+    return sizes
+
+
+def run_spec_bench(model: str, drafts: list[str], k: int, batch_sizes: list[int], max_new: int, prompt_len: int,
+                   engine: dict) -> list[dict]:
+    if max_new < 2:
+        raise UserError(f"--max-new must be at least 2 for a speculative bench, got {max_new}")
+    target = LLM(model, **engine)
+    engines = {d: LLM(model, draft=d, num_speculative_tokens=k, **engine) for d in drafts}
+    prompts = text_prompts(target.tokenizer, max(batch_sizes), prompt_len)
+    params = SamplingParams(max_tokens=max_new, temperature=0, ignore_eos=True)
+    for llm in (target, *engines.values()):
+        llm.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0))  # warm-up
+    rows = []
+    for batch in batch_sizes:
+        wall, base = timed(target, prompts[:batch], params)
+        base_tok_s = batch * max_new / wall
+        rows.append(dict(draft="none (target alone)", batch=batch, tok_s=base_tok_s, speedup=1.0))
+        for name, llm in engines.items():
+            llm.spec_stats = SpecStats(k)
+            wall, outs = timed(llm, prompts[:batch], params)
+            rows.append(dict(draft=name, batch=batch, tok_s=batch * max_new / wall, speedup=batch * max_new / wall / base_tok_s,
+                             acceptance=llm.spec_stats.acceptance(), tokens_per_step=llm.spec_stats.tokens_per_step,
+                             identical=[o.token_ids for o in outs] == [o.token_ids for o in base]))
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| draft | batch | tok/s | vs target alone | acceptance by draft position | tokens per step | same tokens |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if "acceptance" not in r:
+            lines.append(f"| {r['draft']} | {r['batch']} | {r['tok_s']:.1f} | 1.00x | - | 1.00 | - |")
+            continue
+        acc = " / ".join(f"{a:.2f}" for a in r["acceptance"])
+        same = "yes" if r["identical"] else "NO"
+        lines.append(f"| {r['draft']} | {r['batch']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {acc} | {r['tokens_per_step']:.2f} | {same} |")
+    return "\n".join(lines)
