@@ -124,7 +124,6 @@ def info(model, gpu, batch, context):
 
 
 DRAFT = click.option("--draft", default=None, help="speculative decoding: a smaller model with the same tokenizer proposes tokens")
-SPEC_PROMPT_LEN = 64  # tokens of each document that prompt the speculative bench
 NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, default=4, show_default=True,
                                       help="draft tokens verified per step (with --draft)")
 
@@ -152,30 +151,35 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, k
 
 @cli.command()
 @click.argument("model")
-@click.option("--workload", type=click.Choice(["mixed"]), default="mixed", show_default=True)
-@click.option("--requests", type=int, default=64, show_default=True)
-@click.option("--max-prompt", type=int, default=512, show_default=True, help="prompt lengths are 16..max-prompt")
-@click.option("--max-new", type=int, default=256, show_default=True, help="max_tokens are 16..max-new")
-@click.option("--no-hf", is_flag=True, help="only our engine (no transformers baselines)")
-@click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache")
+@click.option("--workload", type=click.Choice(["batches", "mixed", "all"]), default="batches", show_default=True,
+              help="batches: the batch-size sweep and its roofline; mixed: a seeded mixed workload vs transformers")
+@click.option("--batch-sizes", default="1,8,32", show_default=True, help="batches: requests decoded together")
+@click.option("--prompt-len", type=int, default=64, show_default=True, help="batches: prompt tokens of every request")
+@click.option("--new-tokens", type=int, default=64, show_default=True, help="batches: tokens generated per request")
+@click.option("--repeats", type=int, default=1, show_default=True, help="batches: runs of each batch size, the fastest kept")
+@click.option("--gpu", default="h100", show_default=True, help="datasheet GPU for the second bound: h100, h200, a100, rtx4090")
+@click.option("--compare", default=None, help="another MODEL, run in the same process; ratios are it / MODEL")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None, help="batches: write tok/s vs batch size with the bounds (PNG)")
+@click.option("--requests", type=int, default=64, show_default=True, help="mixed: number of requests")
+@click.option("--max-prompt", type=int, default=512, show_default=True, help="mixed: prompt lengths are 16..max-prompt")
+@click.option("--max-new", type=int, default=256, show_default=True, help="mixed: max_tokens are 16..max-new")
+@click.option("--no-hf", is_flag=True, help="mixed: only our engine (no transformers baselines)")
+@click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: batches: what the largest batch needs]")
 @click.option("--max-num-batched-tokens", type=int, default=512, show_default=True)
-@click.option("--draft", multiple=True, help="instead: speculative decoding with this draft (repeatable) vs the target alone")
+@click.option("--draft", multiple=True, help="instead: speculative decoding with this draft model vs the target alone (repeatable)")
 @NUM_SPECULATIVE_TOKENS
-@click.option("--spec-batch-sizes", default="1,8", show_default=True, help="with --draft: batch sizes to compare")
-def bench(model, workload, requests, max_prompt, max_new, no_hf, kv_cache_memory, max_num_batched_tokens, draft,
-          num_speculative_tokens, spec_batch_sizes):
-    """Throughput, TTFT and inter-token latency of the runtime vs transformers on a seeded workload."""
-    engine = dict(kv_cache_memory=kv_cache_memory, max_num_batched_tokens=max_num_batched_tokens)
-    if draft:
-        from compress.runtime.spec_bench import parse_batch_sizes, run_spec_bench, table
+def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, compare, plot, requests, max_prompt, max_new, no_hf,
+          kv_cache_memory, max_num_batched_tokens, draft, num_speculative_tokens):
+    """TTFT, inter-token latency and decode tok/s by batch size beside the memory-bandwidth roofline; a mixed workload vs transformers."""
+    from pathlib import Path
 
-        rows = run_spec_bench(model, list(draft), num_speculative_tokens, parse_batch_sizes(spec_batch_sizes), max_new,
-                              SPEC_PROMPT_LEN, engine)
-        click.echo(table(rows))
-        return
-    from compress.runtime.bench import run_bench
+    from compress.benchmark import BenchConfig, run_benchmark
+    from compress.runtime.sweep import SweepConfig, parse_batch_sizes
 
-    run_bench(model, requests, max_prompt, max_new, not no_hf, engine)
+    sweep = SweepConfig(parse_batch_sizes(batch_sizes), prompt_len, new_tokens, repeats)
+    cfg = BenchConfig(workload, sweep, gpu, compare, Path(plot) if plot else None, not no_hf, requests, max_prompt, max_new,
+                      kv_cache_memory, max_num_batched_tokens, drafts=draft, num_speculative_tokens=num_speculative_tokens)
+    run_benchmark(model, cfg)
 
 
 @cli.command()

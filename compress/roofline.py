@@ -95,14 +95,24 @@ class DecodeStep:
     tokens_per_s: float  # upper bound
 
 
-def decode_step(cfg: ModelConfig, fmt: Format, gpu: GPU, batch: int, context: int) -> DecodeStep:
+def decode_flops(cfg: ModelConfig, context: int) -> float:
+    """FLOPs of one decoded token: 2 per matmul weight (lm_head included) plus q.k and p.v over the context."""
     n = param_counts(cfg)
     matmul_params = n["attention"] + n["mlp"] + cfg.vocab_size * cfg.hidden_size
-    attn_flops = 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context  # q.k and p.v per token
-    flops = batch * (2 * matmul_params + attn_flops)
+    return 2 * matmul_params + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
+
+
+def tokens_per_s_bound(batch: int, nbytes: float, flops: float, tbps: float, tflops: float = float("inf")) -> float:
+    """Tokens/s of a decode step at batch B that reads nbytes and does flops, at a bandwidth and a FLOP/s peak."""
+    return batch / max(nbytes / (tbps * 1e12), flops / (tflops * 1e12))
+
+
+def decode_step(cfg: ModelConfig, fmt: Format, gpu: GPU, batch: int, context: int) -> DecodeStep:
+    n = param_counts(cfg)
+    flops = batch * decode_flops(cfg, context)
     # every weight except the embedding table (one row per token is read) + every KV cache
     read = weight_bytes(cfg, fmt) - (n["embedding"] * 2 if not cfg.tie_word_embeddings else 0)
     nbytes = read + batch * context * kv_bytes_per_token(cfg)
     intensity, ridge = flops / nbytes, gpu.tflops * 1e12 / (gpu.tbps * 1e12)
-    seconds = max(nbytes / (gpu.tbps * 1e12), flops / (gpu.tflops * 1e12))
-    return DecodeStep(flops, nbytes, intensity, ridge, intensity < ridge, batch / seconds)
+    bound = tokens_per_s_bound(batch, nbytes, flops, gpu.tbps, gpu.tflops)
+    return DecodeStep(flops, nbytes, intensity, ridge, intensity < ridge, bound)

@@ -3,7 +3,7 @@
 import pytest
 
 from compress.model.config import ModelConfig
-from compress.roofline import GPUS, formats, decode_step, kv_bytes_per_token, param_counts, weight_bytes
+from compress.roofline import GPUS, decode_step, formats, kv_bytes_per_token, param_counts, tokens_per_s_bound, weight_bytes
 
 SMOLLM2 = {
     "model_type": "llama", "vocab_size": 49152, "hidden_size": 576, "intermediate_size": 1536,
@@ -55,3 +55,8 @@ def test_decode_step_roofline(cfg):
     assert s.tokens_per_s == pytest.approx(1 / (nbytes / 3.35e12))
     big = decode_step(cfg, fp16, GPUS["h100"], batch=4096, context=16)
     assert not big.memory_bound  # a huge batch with short contexts crosses the ridge
+
+
+def test_tokens_per_s_bound_is_set_by_the_slower_of_bytes_and_flops():
+    assert tokens_per_s_bound(4, 2e12, 0.0, tbps=1.0) == pytest.approx(2.0)  # 2 s to read the bytes, 4 tokens
+    assert tokens_per_s_bound(4, 1e12, 8e12, tbps=1.0, tflops=2.0) == pytest.approx(1.0)  # 4 s of FLOPs bind

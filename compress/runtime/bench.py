@@ -14,7 +14,6 @@ import psutil
 import torch
 
 from compress.errors import UserError
-from compress.models import resolve
 from compress.runtime import bench_hf
 from compress.runtime.engine import LLM
 from compress.runtime.sequence import SamplingParams
@@ -26,9 +25,13 @@ class Workload:
     params: list[SamplingParams]
 
 
-def mixed(num_requests: int, max_prompt: int, max_new: int, vocab: int, seed: int = 0) -> Workload:
+def check_mixed(num_requests: int, max_prompt: int, max_new: int) -> None:
     if num_requests < 1 or max_prompt < 16 or max_new < 16:
         raise UserError("bench needs --requests >= 1, --max-prompt >= 16 and --max-new >= 16")
+
+
+def mixed(num_requests: int, max_prompt: int, max_new: int, vocab: int, seed: int = 0) -> Workload:
+    check_mixed(num_requests, max_prompt, max_new)
     rng = random.Random(seed)
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(16, max_prompt))] for _ in range(num_requests)]
     params = [SamplingParams(max_tokens=rng.randint(16, max_new), temperature=0, ignore_eos=True) for _ in range(num_requests)]
@@ -104,17 +107,21 @@ def table(rows: list[dict]) -> str:
     return "\n".join([head, *lines])
 
 
-def run_bench(model: str, num_requests: int, max_prompt: int, max_new: int, hf_baselines: bool, engine: dict) -> None:
+def run_mixed(engines: list[tuple[str, LLM]], model_dir, num_requests: int, max_prompt: int, max_new: int,
+              hf_baselines: bool) -> None:
+    """The mixed workload on each (name, engine), then transformers on model_dir (the first engine's model)."""
     from transformers import AutoModelForCausalLM
 
-    model_dir = resolve(model)
-    llm = LLM(model_dir, **engine)
+    llm = engines[0][1]
     w = mixed(num_requests, max_prompt, max_new, llm.vocab_size)
-    print(f"workload: {num_requests} requests, prompts 16-{max_prompt}, max_tokens 16-{max_new} (seed 0), "
+    print(f"mixed workload: {num_requests} requests, prompts 16-{max_prompt}, max_tokens 16-{max_new} (seed 0), "
           f"{torch.get_num_threads()} threads, {llm.config.device} {llm.config.dtype}", flush=True)
-    ours(llm, mixed(2, 32, 16, llm.vocab_size, seed=1), 0.0)  # warm-up
-    rows = [measure("compress runtime", lambda w, t0: ours(llm, w, t0), w)]
-    print(f"runtime: {llm.scheduler.num_preemptions} preemptions", flush=True)
+    rows = []
+    for n, (name, engine) in enumerate(engines):
+        ours(engine, mixed(2, 32, 16, engine.vocab_size, seed=1), 0.0)  # warm-up
+        preempted = engine.scheduler.num_preemptions
+        rows.append(measure("compress runtime" + (f": {name}" if n else ""), lambda w, t0: ours(engine, w, t0), w))
+        print(f"runtime ({name}): {engine.scheduler.num_preemptions - preempted} preemptions", flush=True)
     if hf_baselines:
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         rows.append(measure("transformers generate, static batches of 16", lambda w, t0: bench_hf.static_batches(hf, w.prompts, w.params, 16, t0), w))

@@ -40,18 +40,36 @@ def static_batches(hf, prompts: list[list[int]], params: list[SamplingParams], b
 
 
 def continuous(hf, prompts: list[list[int]], params: list[SamplingParams], t0: float) -> dict[int, list[float]]:
-    """transformers' own continuous batching manager, every request queued at t0."""
+    """transformers' own continuous batching manager, every request queued at t0.
+
+    The manager decodes on a thread of its own that is not a daemon and waits for requests until it
+    is told to stop: it is stopped and joined on every way out of here (an interrupt or an error
+    included), or the process would never exit."""
     from transformers import GenerationConfig
 
     config = GenerationConfig(do_sample=False, max_new_tokens=max(p.max_tokens for p in params), eos_token_id=None, pad_token_id=0)
     manager = hf.init_continuous_batching(generation_config=config)
     manager.start()
-    for i, (p, sp) in enumerate(zip(prompts, params)):
-        manager.add_request(p, request_id=str(i), max_new_tokens=sp.max_tokens, record_timestamps=True)
+    done = False
+    try:
+        for i, (p, sp) in enumerate(zip(prompts, params)):
+            manager.add_request(p, request_id=str(i), max_new_tokens=sp.max_tokens, record_timestamps=True)
+        times = collect(manager, len(prompts))
+        done = True
+    finally:
+        manager.stop(block=True, hard_stop=not done)  # joins the thread; hard: drop what is left after an error
+    return times
+
+
+def collect(manager, n: int) -> dict[int, list[float]]:
+    """Token times of n requests, by request index, as each finishes."""
     times = {}
-    while len(times) < len(prompts):
+    while len(times) < n:
         out = manager.get_result(timeout=1.0)
+        if out is None and not manager.is_running():
+            raise RuntimeError("transformers' continuous batching thread stopped before every request finished")
         if out is not None and out.is_finished():
+            if out.error is not None:
+                raise RuntimeError(f"transformers' continuous batching failed request {out.request_id}: {out.error}")
             times[int(out.request_id)] = list(out.timestamps or [])
-    manager.stop(block=True)
     return times

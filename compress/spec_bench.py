@@ -15,6 +15,7 @@ from compress.runtime.engine import LLM
 from compress.runtime.output import RequestOutput
 from compress.runtime.sequence import SamplingParams
 from compress.runtime.speculative import SpecStats
+from compress.runtime.sweep import SweepConfig
 
 
 def text_prompts(tokenizer, n: int, length: int) -> list[list[int]]:
@@ -35,35 +36,23 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[f
     return time.perf_counter() - t0, outs
 
 
-def parse_batch_sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(b) for b in text.split(",")]
-    except ValueError:
-        sizes = []
-    if not sizes or min(sizes) < 1:
-        raise UserError(f"batch sizes must be positive integers separated by commas, got {text!r}")
-    return sizes
-
-
-def run_spec_bench(model: str, drafts: list[str], k: int, batch_sizes: list[int], max_new: int, prompt_len: int,
-                   engine: dict) -> list[dict]:
-    if max_new < 2:
-        raise UserError(f"--max-new must be at least 2 for a speculative bench, got {max_new}")
+def run_spec_bench(model: str, drafts: list[str], k: int, sweep: SweepConfig, engine: dict) -> list[dict]:
+    """Rows of the table: per batch size of sweep, the target alone then each draft (greedy, sweep.new_tokens each)."""
     target = LLM(model, **engine)
     engines = {d: LLM(model, draft=d, num_speculative_tokens=k, **engine) for d in drafts}
-    prompts = text_prompts(target.tokenizer, max(batch_sizes), prompt_len)
-    params = SamplingParams(max_tokens=max_new, temperature=0, ignore_eos=True)
+    prompts = text_prompts(target.tokenizer, max(sweep.batch_sizes), sweep.prompt_len)
+    params = SamplingParams(max_tokens=sweep.new_tokens, temperature=0, ignore_eos=True)
     for llm in (target, *engines.values()):
         llm.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0))  # warm-up
     rows = []
-    for batch in batch_sizes:
+    for batch in sweep.batch_sizes:
         wall, base = timed(target, prompts[:batch], params)
-        base_tok_s = batch * max_new / wall
+        base_tok_s = batch * sweep.new_tokens / wall
         rows.append(dict(draft="none (target alone)", batch=batch, tok_s=base_tok_s, speedup=1.0))
         for name, llm in engines.items():
             llm.spec_stats = SpecStats(k)
             wall, outs = timed(llm, prompts[:batch], params)
-            rows.append(dict(draft=name, batch=batch, tok_s=batch * max_new / wall, speedup=batch * max_new / wall / base_tok_s,
+            rows.append(dict(draft=name, batch=batch, tok_s=batch * sweep.new_tokens / wall, speedup=batch * sweep.new_tokens / wall / base_tok_s,
                              acceptance=llm.spec_stats.acceptance(), tokens_per_step=llm.spec_stats.tokens_per_step,
                              identical=[o.token_ids for o in outs] == [o.token_ids for o in base]))
     return rows

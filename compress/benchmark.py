@@ -1,0 +1,162 @@
+"""`compress bench MODEL`: the batch sweep beside its roofline, the mixed workload against transformers, --compare.
+
+The roofline of a decode step at batch B: it reads the weights once and each sequence's KV cache
+(context tokens), so tokens/s <= B x bandwidth / (weight bytes + B x KV bytes). "This machine"
+uses the bandwidth of a copy test and the bytes the engine reads here; the GPU line uses the
+datasheet bandwidth and FLOP/s of --gpu with the checkpoint's stored bytes (the CUDA path keeps
+int4/int3 packed), so it is what the same checkpoint could reach there, not a measurement.
+"""
+
+import gc
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from compress.bandwidth import copy_bandwidth
+from compress.errors import UserError
+from compress.model.config import ModelConfig
+from compress.model.load import read_config
+from compress.models import resolve
+from compress.roofline import GPUS, decode_flops, kv_bytes_per_token, tokens_per_s_bound
+from compress.runtime.bench import check_mixed, run_mixed
+from compress.runtime.config import DTYPES, EngineConfig
+from compress.runtime.engine import LLM
+from compress.runtime.footprint import Footprint, footprint, tensor_bytes
+from compress.runtime.sweep import BatchResult, SweepConfig, sweep
+
+WORKLOADS = ("batches", "mixed", "all")
+MiB = 2**20
+
+
+@dataclass
+class BenchConfig:
+    workload: str = "batches"
+    sweep: SweepConfig = field(default_factory=SweepConfig)
+    gpu: str = "h100"
+    compare: str | None = None  # a second MODEL, run in the same process
+    plot: Path | None = None  # PNG of throughput vs batch size
+    hf_baselines: bool = True  # mixed workload: transformers generate and continuous batching too
+    requests: int = 64  # mixed workload
+    max_prompt: int = 512
+    max_new: int = 256
+    kv_cache_memory: int | None = None  # None: batches sizes the pool to its largest batch; mixed takes the engine's default
+    max_num_batched_tokens: int = 512
+    copy_bytes: int = 512 * MiB
+    drafts: tuple[str, ...] = ()  # instead of the workloads: speculative decoding with each draft vs the target alone
+    num_speculative_tokens: int = 4
+
+    def __post_init__(self):
+        if self.workload not in WORKLOADS:
+            raise UserError(f"--workload must be one of {', '.join(WORKLOADS)}, got {self.workload}")
+        if self.gpu not in GPUS:
+            raise UserError(f"unknown --gpu '{self.gpu}': choose one of {', '.join(GPUS)}")
+        if self.workload != "batches":
+            check_mixed(self.requests, self.max_prompt, self.max_new)
+        if self.plot is not None and self.workload == "mixed":
+            raise UserError("--plot draws the batch sweep; use --workload batches or all")
+        if self.plot is not None and not self.plot.parent.is_dir():
+            raise UserError(f"--plot {self.plot}: the directory {self.plot.parent} does not exist")
+        if max(self.sweep.batch_sizes) > self.max_num_batched_tokens:
+            raise UserError(f"batch size {max(self.sweep.batch_sizes)} does not fit one step's token budget "
+                            f"(--max-num-batched-tokens {self.max_num_batched_tokens})")
+
+    def engine(self, model_dir: Path) -> dict:
+        """EngineConfig fields: room for the largest batch in one step and, for the sweep alone, a pool that just fits it."""
+        kv = self.kv_cache_memory
+        if kv is None and self.workload == "batches":
+            itemsize = DTYPES[EngineConfig.dtype].itemsize  # the engine's default dtype, the one it runs here
+            kv = self.sweep.kv_cache_bytes(kv_bytes_per_token(ModelConfig.from_hf(read_config(model_dir)), itemsize))
+        return dict(kv_cache_memory=kv, max_num_batched_tokens=self.max_num_batched_tokens,
+                    max_num_seqs=max(64, *self.sweep.batch_sizes))
+
+
+def run_benchmark(model: str, cfg: BenchConfig) -> list[list[dict]]:
+    """Print the tables of cfg.workload for MODEL (and cfg.compare); returns the sweep's rows per model."""
+    if cfg.drafts:
+        from compress.spec_bench import run_spec_bench, table
+
+        print(table(run_spec_bench(model, list(cfg.drafts), cfg.num_speculative_tokens, cfg.sweep, cfg.engine(resolve(model)))))
+        return []
+    names = [model] + ([cfg.compare] if cfg.compare else [])
+    models = list(zip(labels(names), [resolve(n) for n in names]))  # every MODEL is checked before any work
+    rows = run_sweep(models, cfg) if cfg.workload in ("batches", "all") else []
+    if cfg.workload in ("mixed", "all"):
+        engines = [(name, LLM(d, **cfg.engine(d))) for name, d in models]
+        run_mixed(engines, models[0][1], cfg.requests, cfg.max_prompt, cfg.max_new, cfg.hf_baselines)
+    return rows
+
+
+def labels(names: list[str]) -> list[str]:
+    """Short names for the tables: each MODEL's last path component, unless two are the same."""
+    short = [Path(n).name for n in names]
+    return short if len(set(short)) == len(short) else names
+
+
+def run_sweep(models: list[tuple[str, Path]], cfg: BenchConfig) -> list[list[dict]]:
+    """The sweep of each model in turn, one engine loaded at a time (so peak RSS is that model's), then the tables."""
+    s, engine = cfg.sweep, EngineConfig()  # the device and dtype every engine here runs with
+    bandwidth = copy_bandwidth(cfg.copy_bytes, device=engine.device)  # bytes/s
+    gpu = GPUS[cfg.gpu]
+    runs = f", the fastest of {s.repeats} runs per batch size" if s.repeats > 1 else ""
+    print(f"batch sweep: {s.prompt_len}-token prompts, {s.new_tokens} new tokens each (greedy, ignore_eos){runs}, "
+          f"{torch.get_num_threads()} threads, {engine.device} {engine.dtype}", flush=True)
+    print(f"copy test: {bandwidth / 1e9:.1f} GB/s ({cfg.copy_bytes // MiB} MiB copied, best of 5); "
+          f"--gpu {cfg.gpu}: {gpu.name}, {gpu.tbps} TB/s, {gpu.tflops} TFLOP/s", flush=True)
+    results = [sweep_model(name, model_dir, bandwidth, cfg) for name, model_dir in models]
+    print(sweep_table(results, cfg.gpu))
+    if len(results) > 1:
+        print(compare_table(results))
+    if cfg.plot is not None:
+        from compress.bench_plot import plot_throughput
+
+        plot_throughput(results, cfg.gpu, cfg.plot)
+        print(f"plot: {cfg.plot}")
+    return results
+
+
+def sweep_model(name: str, model_dir: Path, bandwidth: float, cfg: BenchConfig) -> list[dict]:
+    llm = LLM(model_dir, **cfg.engine(model_dir))
+    fp = footprint(llm, model_dir)
+    print(f"{name}: holds {tensor_bytes(llm.runner.model) / MiB:.1f} MiB of weights and a {llm.runner.kv.nbytes / MiB:.1f} MiB "
+          f"KV pool; a decode step reads {fp.read / MiB:.1f} MiB of weights here, {fp.stored / MiB:.1f} MiB as stored, "
+          f"and {fp.kv_per_token / 1024:.1f} KiB per cached token ({cfg.sweep.context} per sequence on average)", flush=True)
+    results = sweep(llm, cfg.sweep)
+    for r in results:
+        if r.preemptions:
+            print(f"{name}: {r.preemptions} preemptions at batch {r.batch} (the KV pool cannot hold the batch)", flush=True)
+    rows = [roofline_row(name, r, fp, llm.runner.model.cfg, bandwidth, cfg) for r in results]
+    del llm
+    gc.collect()  # free this engine's weights and KV pool before the next model loads
+    return rows
+
+
+def roofline_row(name: str, r: BatchResult, fp: Footprint, model_cfg: ModelConfig, bandwidth: float, cfg: BenchConfig) -> dict:
+    """A BatchResult with its bytes per token and the bounds of this machine and of cfg.gpu."""
+    b, ctx, gpu = r.batch, cfg.sweep.context, GPUS[cfg.gpu]
+    cpu_bound = tokens_per_s_bound(b, fp.step_bytes(b, ctx), 0.0, bandwidth / 1e12)
+    gpu_bound = tokens_per_s_bound(b, fp.step_bytes(b, ctx, stored=True), b * decode_flops(model_cfg, ctx), gpu.tbps, gpu.tflops)
+    return dict(vars(r), name=name, weights_read=fp.read / b, weights_stored=fp.stored / b,
+                kv_read=fp.kv_per_token * ctx, bound=cpu_bound, gpu_bound=gpu_bound)
+
+
+def sweep_table(results: list[list[dict]], gpu: str) -> str:
+    head = (f"| model | batch | TTFT p50 (ms) | ITL p50 / p99 (ms) | decode tok/s | peak RSS (MiB) | weights MiB/token read here (stored) "
+            f"| KV MiB/token | bound here (tok/s) | of bound | {gpu} bound (tok/s) |\n|---|" + "---:|" * 10)
+    lines = [f"| {r['name']} | {r['batch']} | {r['ttft50']:.0f} | {r['itl50']:.1f} / {r['itl99']:.1f} | {r['decode_tok_s']:.1f} "
+             f"| {r['peak_rss']:.0f} | {r['weights_read'] / MiB:.1f} ({r['weights_stored'] / MiB:.1f}) | {r['kv_read'] / MiB:.2f} "
+             f"| {r['bound']:.1f} | {100 * r['decode_tok_s'] / r['bound']:.0f} % | {r['gpu_bound']:,.0f} |"
+             for rows in results for r in rows]
+    return "\n".join([head, *lines])
+
+
+def compare_table(results: list[list[dict]]) -> str:
+    """Ratios of the second model to the first at each batch size."""
+    first, other = results[0][0]["name"], results[1][0]["name"]
+    head = (f"| batch | decode tok/s {first} | decode tok/s {other} | tok/s ratio | TTFT p50 ratio | ITL p50 ratio "
+            f"| weights read here ratio | weights stored ratio | gpu bound ratio |\n|---|" + "---:|" * 8)
+    lines = [f"| {a['batch']} | {a['decode_tok_s']:.1f} | {b['decode_tok_s']:.1f} | {b['decode_tok_s'] / a['decode_tok_s']:.2f}x "
+             f"| {b['ttft50'] / a['ttft50']:.2f}x | {b['itl50'] / a['itl50']:.2f}x | {b['weights_read'] / a['weights_read']:.2f}x "
+             f"| {b['weights_stored'] / a['weights_stored']:.2f}x | {b['gpu_bound'] / a['gpu_bound']:.2f}x |"
+             for a, b in zip(*results)]
+    return "\n".join([f"ratios: {other} / {first}", head, *lines])

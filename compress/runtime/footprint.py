@@ -1,0 +1,47 @@
+"""The bytes a decode step reads: the weights as the engine holds them, and the KV cache of each sequence.
+
+Counted from the tensors themselves (parameters and buffers; a tied weight once), not from a
+formula. A step reads every weight once, except an untied embedding table, of which it reads
+only the rows of its tokens (left out here); a tied table is read whole by the lm_head. On CPU
+the engine replaces int4/int3 PackedLinears by dense Linears at start
+(`model_runner.dense_packed_linears`), so what the CPU path reads is the dense size; `stored`
+is the checkpoint as loaded before that swap, which is what the CUDA path keeps and reads.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from torch import nn
+
+from compress.models import is_quantized, load_model
+from compress.roofline import kv_bytes_per_token
+
+
+@dataclass(frozen=True)
+class Footprint:
+    stored: int  # weight bytes a step reads with the checkpoint's own storage (int4/int3 packed)
+    read: int  # weight bytes a step reads on this engine (CPU: packed weights dequantized to dense)
+    kv_per_token: int  # K and V bytes of one cached token, all layers, in the engine's dtype
+
+    def step_bytes(self, batch: int, context: int, stored: bool = False) -> int:
+        """Bytes one decode step at batch `batch` reads, each sequence `context` tokens long."""
+        return (self.stored if stored else self.read) + batch * context * self.kv_per_token
+
+
+def tensor_bytes(module: nn.Module) -> int:
+    """Bytes of a module's parameters and buffers; a tied weight counts once."""
+    return sum(t.nbytes for t in (*module.parameters(), *module.buffers()))
+
+
+def step_weight_bytes(model: nn.Module) -> int:
+    """Weight bytes a decode step reads: all of them but an untied embedding table."""
+    untied = 0 if model.cfg.tie_word_embeddings else model.model.embed_tokens.weight.nbytes
+    return tensor_bytes(model) - untied
+
+
+def footprint(llm, model_dir: Path) -> Footprint:
+    """The Footprint of an engine built from model_dir (a quantized checkpoint is loaded again to count it as stored)."""
+    model = llm.runner.model
+    read = step_weight_bytes(model)
+    stored = step_weight_bytes(load_model(model_dir, llm.config.torch_dtype)) if is_quantized(model_dir) else read
+    return Footprint(stored, read, kv_bytes_per_token(model.cfg, llm.runner.kv.element_size()))

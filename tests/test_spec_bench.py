@@ -1,0 +1,25 @@
+"""`compress bench --draft`: the speculative comparison on the tiny model, through the CLI."""
+
+from click.testing import CliRunner
+
+from compress.cli import cli
+from compress.spec_bench import run_spec_bench, table
+from compress.runtime.sweep import SweepConfig
+
+
+def test_rows_per_batch_size_with_acceptance_and_identical_tokens(tiny_dir, data_dir):
+    rows = run_spec_bench(str(tiny_dir), [str(tiny_dir)], 3, SweepConfig((1, 2), prompt_len=16, new_tokens=9), {})
+    assert [(r["batch"], "acceptance" in r) for r in rows] == [(1, False), (1, True), (2, False), (2, True)]
+    spec = rows[1]
+    assert spec["identical"] and spec["acceptance"] == [1.0, 1.0, 1.0]
+    assert spec["tokens_per_step"] == 4.0  # 8 tokens after the prefill's first: two steps of 4
+    assert "| 1.00 / 1.00 / 1.00 | 4.00 | yes |" in table(rows)
+
+
+def test_cli_prints_the_table_and_rejects_bad_batch_sizes(tiny_dir, data_dir):
+    args = ["bench", str(tiny_dir), "--draft", str(tiny_dir), "--batch-sizes", "1", "--prompt-len", "8", "--new-tokens", "4"]
+    result = CliRunner().invoke(cli, args)
+    assert result.exit_code == 0, result.output
+    assert "| none (target alone) | 1 |" in result.output
+    bad = CliRunner().invoke(cli, args[:4] + ["--batch-sizes", "0"], standalone_mode=False)
+    assert bad.exception is not None and "batch-sizes" in str(bad.exception)
