@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,17 @@ def tiny_int4_dir(tmp_path_factory, tiny_dir) -> Path:
     from compress.quantize import run_quantize
 
     return run_quantize(str(tiny_dir), QuantConfig(method="rtn", bits=4), str(tmp_path_factory.mktemp("quant") / "rtn-int4"))
+
+
+def run_main(monkeypatch, capsys, *argv) -> tuple[int, str, str]:
+    """`compress ARGV...` in this process, as the console script runs it: (exit code, stdout, stderr)."""
+    from compress.cli import main
+
+    monkeypatch.setattr(sys, "argv", ["compress", *argv])
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

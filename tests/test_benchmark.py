@@ -1,23 +1,14 @@
 """`compress bench`: the batch sweep with its roofline, --compare ratios, the plot; bad input is one line, exit 2."""
 
-import sys
-
 import pytest
 
-from compress.cli import main
+from tests.conftest import run_main
 
 SMALL = ("--batch-sizes", "1,2", "--prompt-len", "8", "--new-tokens", "4")
 
 
 def run(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["compress", "bench", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_main(monkeypatch, capsys, "bench", *args)
 
 
 def test_compare_prints_both_sweeps_and_their_ratios_and_writes_the_plot(tiny_dir, tiny_int4_dir, tmp_path, monkeypatch, capsys):

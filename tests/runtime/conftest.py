@@ -5,7 +5,7 @@ import torch
 
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
-from compress.runtime import LLM
+from compress.runtime import LLM, SamplingParams
 
 
 def make_llm(model_dir, blocks: int | None = None, **config) -> LLM:
@@ -34,3 +34,18 @@ def hf_tiny(tiny_dir):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+LENGTHS = [5, 17, 40, 3, 70]  # prompts of the engine tests: short, over a block, several blocks
+
+
+@pytest.fixture(scope="session")
+def prompts():
+    return random_prompts(LENGTHS, 49152)
+
+
+@pytest.fixture(scope="session")
+def expected(hf_tiny, prompts):
+    """transformers' greedy tokens for `prompts` on the tiny model."""
+    return [hf_greedy(hf_tiny, p, GREEDY.max_tokens) for p in prompts]

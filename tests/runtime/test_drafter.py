@@ -7,21 +7,9 @@ import torch
 from compress.errors import UserError
 from compress.runtime import LLM, SamplingParams
 from tests.conftest import save_hf, tiny_hf
-from tests.runtime.conftest import hf_greedy, make_llm, random_prompts
+from tests.runtime.conftest import GREEDY, make_llm
 from tests.runtime.test_speculative import chi2_pvalue
 
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-LENGTHS = [5, 17, 40, 3, 70]
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return random_prompts(LENGTHS, 49152)
-
-
-@pytest.fixture(scope="module")
-def expected(hf_tiny, prompts):
-    return [hf_greedy(hf_tiny, p, GREEDY.max_tokens) for p in prompts]
 
 
 @pytest.fixture(scope="module")

@@ -5,20 +5,8 @@ import pytest
 from compress.errors import UserError
 from compress.runtime import SamplingParams
 from tests.conftest import save_hf, tiny_hf
-from tests.runtime.conftest import hf_greedy, make_llm, random_prompts
+from tests.runtime.conftest import GREEDY, hf_greedy, make_llm, random_prompts
 
-GREEDY = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
-LENGTHS = [5, 17, 40, 3, 70]
-
-
-@pytest.fixture(scope="module")
-def prompts():
-    return random_prompts(LENGTHS, 49152)
-
-
-@pytest.fixture(scope="module")
-def expected(hf_tiny, prompts):
-    return [hf_greedy(hf_tiny, p, GREEDY.max_tokens) for p in prompts]
 
 
 def test_greedy_equals_transformers_generate(tiny_dir, prompts, expected):

@@ -1,22 +1,13 @@
 """`compress generate`: streams the greedy completion; bad options are one-line errors (exit 2)."""
 
-import sys
-
 import pytest
 
-from compress.cli import main
 from compress.runtime import LLM, SamplingParams
+from tests.conftest import run_main
 
 
 def run(monkeypatch, capsys, *args) -> tuple[int, str, str]:
-    monkeypatch.setattr(sys, "argv", ["compress", "generate", *args])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
+    return run_main(monkeypatch, capsys, "generate", *args)
 
 
 def test_generate_prints_the_completion(tiny_dir, monkeypatch, capsys):
