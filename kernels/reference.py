@@ -48,13 +48,22 @@ INT8_MAX = 127
 FP8_MAX = 448.0  # largest finite float8_e4m3fn
 
 
+INT_MM_MAX_ROWS_CPU = 4
+
+
 def int8_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """[M, K] int8 @ [K, N] int8 -> [M, N] int32, exact, through ``torch._int_mm``.
 
-    On CPU ``_int_mm`` takes any shape (torch >= 2.4). On CUDA it needs M > 16 and K, N
-    multiples of 8, so the operands are zero-padded to those sizes (exact) and the result cut.
+    On CPU ``_int_mm`` takes any shape (torch >= 2.4) but its time grows linearly in M from a
+    high base (torch 2.13: 44 ms at M=64 for a 576 x 1536 weight, 12x an exact float64 matmul),
+    so past INT_MM_MAX_ROWS_CPU rows (prefill, calibration) the same int32 result is computed in
+    float64, which is exact: |sum| <= K * 127^2 is far below 2^53. On CUDA ``_int_mm`` needs
+    M > 16 and K, N multiples of 8, so the operands are zero-padded to those sizes (exact) and the
+    result cut.
     """
     if not a.is_cuda:
+        if a.shape[0] > INT_MM_MAX_ROWS_CPU:
+            return (a.double() @ b.double()).to(torch.int32)
         return torch._int_mm(a, b)
     m, k = a.shape
     n = b.shape[1]

@@ -80,3 +80,12 @@ def test_int8_gemm_pads_on_cuda():
     a = torch.randint(-127, 128, (3, 60), dtype=torch.int8, device="cuda")
     b = torch.randint(-127, 128, (60, 20), dtype=torch.int8, device="cuda")
     assert torch.equal(int8_gemm(a, b).cpu(), (a.cpu().long() @ b.cpu().long()).int())
+
+
+@pytest.mark.parametrize("m", [1, 4, 5, 300])
+def test_int8_gemm_is_exact_on_both_cpu_paths(m):
+    g = torch.Generator().manual_seed(m)
+    a = torch.randint(-127, 128, (m, 1536), generator=g, dtype=torch.int8)
+    b = torch.full((1536, 40), 127, dtype=torch.int8)  # sums up to 1536 * 127^2 > 2^24: fp32 would round
+    b[:, 1::2] = torch.randint(-127, 128, (1536, 20), generator=g, dtype=torch.int8)
+    assert torch.equal(int8_gemm(a, b), torch._int_mm(a, b))
