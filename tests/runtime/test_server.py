@@ -181,7 +181,8 @@ def test_a_full_waiting_queue_answers_429(tiny_dir):
     long = {"prompt": PROMPT, "max_tokens": 200, "temperature": 0, "ignore_eos": True, "stream": True}
     with running_server(llm, max_waiting=1) as (url, engine), httpx.Client(timeout=30) as http:
         with http.stream("POST", url + "/v1/completions", json=long) as running:
-            next(running.iter_lines())  # the first request holds the only running slot
+            lines = running.iter_lines()  # kept: a discarded line iterator closes the response (a disconnect)
+            next(lines)  # the first request holds the only running slot
             with http.stream("POST", url + "/v1/completions", json=long) as waiting:
                 assert wait_for(lambda: engine.num_waiting == 1)
                 res = http.post(url + "/v1/completions", json={"prompt": PROMPT, "max_tokens": 1})
