@@ -112,6 +112,23 @@ def eval_(models, tasks, backend, num_fewshot, limit, batch_size, seq_len, limit
 
 
 @cli.command()
+@click.argument("recipe", type=click.Path(dir_okay=False))
+@click.option("--model", default=None, help="the input model [default: the recipe's `model:`]")
+@click.option("-o", "--output", default=None, help="run folder, one subfolder per stage [default: out/RECIPE-NAME]")
+@click.option("--set", "sets", multiple=True, metavar="STAGE.KEY=VALUE", help="override a recipe key (repeatable)")
+@click.option("--from", "start", default=None, metavar="STAGE", help="rerun this stage and every later one")
+def run(recipe, model, output, sets, start):
+    """Run RECIPE (recipes/NAME.yaml): prune-distill, quantize and eval stages, skipping those up to date."""
+    from pathlib import Path
+
+    from compress.recipe import load_recipe
+    from compress.run import run_recipe
+
+    loaded = load_recipe(Path(recipe), model, sets)
+    run_recipe(loaded, Path(output) if output else Path("out") / Path(recipe).stem, start)
+
+
+@cli.command()
 @click.argument("model")
 @click.option("--gpu", type=click.Choice(["h100", "a100", "h200", "rtx4090"]), default="h100", show_default=True)
 @click.option("--batch", type=int, default=1, show_default=True)

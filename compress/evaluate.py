@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from compress import models
+from compress.data import data_file
 from compress.errors import UserError
 from compress.manifest import record_quality
 
@@ -45,14 +46,8 @@ def model_bytes(path) -> int:
 
 
 def run_eval(names: list[str], cfg: EvalConfig) -> list[dict]:
-    from compress.eval import harness
-
     paths = [models.resolve(n) for n in names]  # every MODEL and task is checked before any work
-    if "mmlu" in cfg.tasks:
-        from compress.eval.mmlu import mmlu_dir
-
-        mmlu_dir()
-    harness.check_tasks(cfg.other_tasks)
+    check_data(cfg)
     rows = [evaluate_one(name, path, cfg) for name, path in zip(names, paths)]
     print_table(rows)
     if cfg.report is not None:
@@ -61,6 +56,21 @@ def run_eval(names: list[str], cfg: EvalConfig) -> list[dict]:
         write_report(rows, cfg, cfg.report)
         print(f"report written to {cfg.report}/report.md")
     return rows
+
+
+def check_data(cfg: EvalConfig) -> None:
+    """Fail in one line, before any work, on a task whose data is missing or a task lm-eval does not know."""
+    from compress.eval import harness
+
+    if "wikitext" in cfg.tasks:
+        from compress.eval.perplexity import WIKITEXT
+
+        data_file(WIKITEXT)
+    if "mmlu" in cfg.tasks:
+        from compress.eval.mmlu import mmlu_dir
+
+        mmlu_dir()
+    harness.check_tasks(cfg.other_tasks)
 
 
 def evaluate_one(name: str, path: Path, cfg: EvalConfig) -> dict:
