@@ -33,8 +33,12 @@ def write_manifest(out_dir: Path, **fields) -> dict:
     out_dir = Path(out_dir)
     files = {p.name: sha256(p) for p in sorted(out_dir.iterdir()) if p.is_file() and p.name != MANIFEST}
     doc = {**fields, "versions": versions(), "sha256": files}
-    (out_dir / MANIFEST).write_text(json.dumps(doc, indent=2, default=str))
+    save_manifest(out_dir, doc)
     return doc
+
+
+def save_manifest(model_dir: Path, doc: dict) -> None:
+    (Path(model_dir) / MANIFEST).write_text(json.dumps(doc, indent=2, default=str))
 
 
 def read_manifest(model_dir: Path) -> dict | None:
@@ -48,4 +52,4 @@ def record_quality(model_dir: Path, key: str, value) -> None:
     if doc is None:
         return
     doc.setdefault("quality", {})[key] = value
-    (Path(model_dir) / MANIFEST).write_text(json.dumps(doc, indent=2, default=str))
+    save_manifest(model_dir, doc)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from compress import models
 from compress.errors import UserError
-from compress.manifest import MANIFEST, read_manifest, write_manifest
+from compress.manifest import MANIFEST, read_manifest, save_manifest, write_manifest
 from compress.recipe import MODEL, Recipe, Stage
 
 
@@ -49,7 +49,7 @@ def mark_done(dest: Path, stage: Stage, digest: str, seconds: float) -> None:
         write_manifest(dest, run=run)
         return
     doc["run"] = run
-    (dest / MANIFEST).write_text(json.dumps(doc, indent=2, default=str))
+    save_manifest(dest, doc)
 
 
 def check_inputs(recipe: Recipe, model_dir: Path) -> None:

@@ -10,6 +10,7 @@ from torch import nn
 from compress.errors import UserError
 from compress.model.decoder import Decoder
 from compress.quant.linear import PackedLinear
+from compress.roofline import kv_bytes_per_token
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.scheduler import ScheduledBatch
@@ -35,7 +36,7 @@ def dense_packed_linears(model: nn.Module) -> int:
 
 def kv_block_bytes(cfg, block_size: int, dtype: torch.dtype) -> int:
     """Bytes of one KV block (K and V of every layer) of a model with ModelConfig cfg."""
-    return 2 * cfg.num_layers * block_size * cfg.num_kv_heads * cfg.head_dim * torch.empty((), dtype=dtype).element_size()
+    return block_size * kv_bytes_per_token(cfg, dtype.itemsize)
 
 
 def free_memory(device: torch.device) -> int:

@@ -6,12 +6,12 @@ import torch
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
 from compress.runtime import LLM, SamplingParams
+from compress.runtime.model_runner import kv_block_bytes
 
 
 def make_llm(model_dir, blocks: int | None = None, **config) -> LLM:
     """An engine whose KV pool has exactly `blocks` blocks of 16 fp32 tokens (default: plenty)."""
-    cfg = ModelConfig.from_hf(read_config(model_dir))
-    block_bytes = 2 * cfg.num_layers * 16 * cfg.num_kv_heads * cfg.head_dim * 4
+    block_bytes = kv_block_bytes(ModelConfig.from_hf(read_config(model_dir)), 16, torch.float32)
     return LLM(model_dir, kv_cache_memory=(blocks or 1024) * block_bytes, **config)
 
 
