@@ -52,7 +52,8 @@ def run_spec_bench(model: str, drafts: list[str], k: int, sweep: SweepConfig, en
         for name, llm in engines.items():
             llm.spec_stats = SpecStats(k)
             wall, outs = timed(llm, prompts[:batch], params)
-            rows.append(dict(draft=name, batch=batch, tok_s=batch * sweep.new_tokens / wall, speedup=batch * sweep.new_tokens / wall / base_tok_s,
+            tok_s = batch * sweep.new_tokens / wall
+            rows.append(dict(draft=name, batch=batch, tok_s=tok_s, speedup=tok_s / base_tok_s,
                              acceptance=llm.spec_stats.acceptance(), tokens_per_step=llm.spec_stats.tokens_per_step,
                              identical=[o.token_ids for o in outs] == [o.token_ids for o in base]))
     return rows
