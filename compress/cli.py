@@ -9,6 +9,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run tim
 import click  # noqa: E402
 
 from compress.errors import UserError  # noqa: E402
+from compress.quant.config import OUTLIER_THRESHOLD, SMOOTH_ALPHA  # noqa: E402
 
 
 @click.group()
@@ -27,21 +28,24 @@ def cli():
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--calib-seq-len", type=int, default=512, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--outlier-threshold", type=float, default=6.0, show_default=True,
+@click.option("--outlier-threshold", type=float, default=OUTLIER_THRESHOLD, show_default=True,
               help="int8: input dims whose calibration max |x| reaches this stay in fp16")
 @click.option("--outlier-topk", type=int, default=None, help="int8: instead, keep the K largest dims per Linear (0: no split)")
 @click.option("--static-activations", is_flag=True, help="fp8: calibrated per-tensor input scales instead of dynamic per-token")
+@click.option("--smooth-alpha", type=float, default=SMOOTH_ALPHA, show_default=True,
+              help="int8: SmoothQuant migration strength on the norm-fed Linears (0: none)")
 @click.option("-o", "--output", required=True, help="output directory")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
 def quantize(model, method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
-             outlier_threshold, outlier_topk, static_activations, output, force, verbose):
+             outlier_threshold, outlier_topk, static_activations, smooth_alpha, output, force, verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
     from compress.quantize import run_quantize
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
-                      outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations)
+                      outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
+                      smooth_alpha=smooth_alpha)
     run_quantize(model, cfg, output, force, verbose)
 
 

@@ -5,7 +5,9 @@
 Calibrates on C4 (``--calib-samples`` x 512 tokens), counts the outlier input dims (calibration
 max |x| >= threshold) per Linear type, plots max |x| per input dim of one Linear (PNG under
 --out), and prints WikiText-2 perplexity (2048-token windows) for fp32, int8 without the split
-(per-token x per-row absmax), int8 with the split, fp8 dynamic and fp8 with static input scales.
+(per-token x per-row absmax), int8 with the split, the split with SmoothQuant migration (the
+default of ``--method int8``), fp8 dynamic, fp8 with static input scales, and where fp8's loss
+comes from: e4m3 weights alone (activations unrounded) and e4m3 per-token activations alone.
 """
 
 from pathlib import Path
@@ -18,7 +20,8 @@ from compress.calib import calibration_tokens
 from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
 from compress.model.arch import LAYER_LINEARS
 from compress.quant.apply import quantize
-from compress.quant.config import OUTLIER_THRESHOLD, QuantConfig
+from compress.quant.config import OUTLIER_THRESHOLD, SMOOTH_ALPHA, QuantConfig
+from compress.quant.fp8 import FP8_MAX, quantize_weight, to_e4m3
 from compress.quant.int8 import Int8Spec
 from compress.quant.static_apply import int8_quantize
 
@@ -49,6 +52,35 @@ def plot_absmax(absmax: torch.Tensor, name: str, threshold: float, path: Path) -
     plt.close(fig)
 
 
+@torch.no_grad()
+def fp8_weights_only(model) -> None:
+    """Every decoder Linear's weight rounded to e4m3 (per-channel scale) and stored back dense."""
+    for block in model.model.layers:
+        for kind in LAYER_LINEARS:
+            lin = block.get_submodule(kind)
+            q, scale = quantize_weight(lin.weight)
+            lin.weight.copy_(q.to(scale.dtype) * scale)
+
+
+def fp8_activations_only(model) -> None:
+    """Every decoder Linear's input rounded to e4m3 per token (absmax / 448), weights untouched."""
+
+    def round_input(_, args):
+        x = args[0]
+        scale = (x.abs().amax(-1, keepdim=True).float() / FP8_MAX).clamp(min=1e-12)  # [..., 1]
+        return (to_e4m3(x, scale).float() * scale).to(x.dtype)
+
+    for block in model.model.layers:
+        for kind in LAYER_LINEARS:
+            block.get_submodule(kind).register_forward_pre_hook(round_input)
+
+
+def ppl_changed(src: Path, change, tokens, pcfg: PerplexityConfig, label: str) -> float:
+    model = models.load_model(src)
+    change(model)
+    return perplexity(model, tokens, pcfg, desc=label)
+
+
 def ppl_of(src: Path, cfg: QuantConfig | None, calib, tokens, pcfg: PerplexityConfig, label: str) -> float:
     model = models.load_model(src)
     if cfg is not None:
@@ -62,8 +94,9 @@ def ppl_of(src: Path, cfg: QuantConfig | None, calib, tokens, pcfg: PerplexityCo
 @click.option("--limit-tokens", type=int, default=None, help="perplexity on the first N WikiText-2 tokens only")
 @click.option("--calib-samples", type=int, default=32, show_default=True)
 @click.option("--outlier-threshold", type=float, default=OUTLIER_THRESHOLD, show_default=True)
+@click.option("--smooth-alpha", type=float, default=SMOOTH_ALPHA, show_default=True)
 @click.option("--plot-layer", default=None, help="full Linear name to plot [default: the one with the largest max |x|]")
-def main(model, out, limit_tokens, calib_samples, outlier_threshold, plot_layer):
+def main(model, out, limit_tokens, calib_samples, outlier_threshold, smooth_alpha, plot_layer):
     src = models.resolve(model)
     tok = models.load_tokenizer(src)
     tokens = wikitext_tokens(tok)
@@ -78,15 +111,19 @@ def main(model, out, limit_tokens, calib_samples, outlier_threshold, plot_layer)
     plot_absmax(stats[plot_layer], plot_layer, outlier_threshold, png)
 
     split_label = f"int8, split (max abs(x) >= {outlier_threshold:g})"
+    smooth = QuantConfig(method="int8", outlier_threshold=outlier_threshold, smooth_alpha=smooth_alpha)
     ppl = {
         "fp32": ppl_of(src, None, calib, tokens, pcfg, "fp32"),
-        "int8, no split": ppl_of(src, QuantConfig(method="int8", outlier_topk=0), calib, tokens, pcfg, "int8 no split"),
+        "int8, no split": ppl_of(src, QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0), calib, tokens, pcfg, "int8 no split"),
         split_label: perplexity(split, tokens, pcfg, desc="int8 split"),
+        f"int8, split + SmoothQuant alpha {smooth_alpha:g} (--method int8)": ppl_of(src, smooth, calib, tokens, pcfg, "int8 smooth"),
         "fp8 e4m3, dynamic per-token": ppl_of(src, QuantConfig(method="fp8"), calib, tokens, pcfg, "fp8"),
         "fp8 e4m3, static per-tensor": ppl_of(src, QuantConfig(method="fp8", static_activations=True), calib, tokens, pcfg, "fp8 static"),
+        "fp8: e4m3 weights only": ppl_changed(src, fp8_weights_only, tokens, pcfg, "fp8 weights"),
+        "fp8: e4m3 per-token activations only": ppl_changed(src, fp8_activations_only, tokens, pcfg, "fp8 activations"),
     }
 
-    print(f"\n{model}: outlier dims per Linear type ({calib_samples} x 512 C4 calibration tokens, threshold {outlier_threshold:g})")
+    print(f"\n{model}: outlier dims per Linear type ({calib_samples} x 512 C4 calibration tokens, threshold {outlier_threshold:g}, no smoothing)")
     print("\n".join(outlier_table(split, stats)))
     print(f"\nmax |x| per input dim of {plot_layer}: {png}")
     scope = f"first {limit_tokens} tokens" if limit_tokens else "all tokens"

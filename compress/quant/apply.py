@@ -62,7 +62,7 @@ def int8_spec(model: Decoder, cfg: QuantConfig) -> Int8Spec:
         narrow = min(m.in_features for m in quantized_linears(model).values())
         if cfg.outlier_topk > narrow:
             raise UserError(f"--outlier-topk {cfg.outlier_topk} is larger than the narrowest Linear input ({narrow} features)")
-    return Int8Spec(cfg.outlier_threshold, cfg.outlier_topk)
+    return Int8Spec(cfg.outlier_threshold, cfg.outlier_topk, cfg.smooth_alpha)
 
 
 def method_spec(model: Decoder, cfg: QuantConfig) -> Spec:

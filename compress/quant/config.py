@@ -7,6 +7,7 @@ from compress.errors import UserError
 METHODS = ("awq", "rtn", "int8", "fp8")
 INT_METHODS = ("awq", "rtn")  # group-quantized int4/int3
 OUTLIER_THRESHOLD = 6.0  # LLM.int8's |x| threshold
+SMOOTH_ALPHA = 0.7  # int8: SmoothQuant migration strength on the norm-fed Linears (docs/formats.md)
 FORMATS = ("compressed-tensors", "awq")
 
 
@@ -30,6 +31,7 @@ class QuantConfig:
     outlier_threshold: float = OUTLIER_THRESHOLD  # int8: input dims whose calibration max |x| reaches this stay in fp16
     outlier_topk: int | None = None  # int8: instead, the K largest dims per Linear (0 = no split)
     static_activations: bool = False  # fp8: calibrated per-tensor input scales instead of per-token
+    smooth_alpha: float = SMOOTH_ALPHA  # int8: 0 = no SmoothQuant migration
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -62,6 +64,10 @@ class QuantConfig:
             raise UserError(f"--outlier-topk must be >= 0, got {self.outlier_topk}")
         if self.method != "int8" and (self.outlier_topk is not None or self.outlier_threshold != OUTLIER_THRESHOLD):
             raise UserError(f"--outlier-threshold and --outlier-topk apply to --method int8, not {self.method}")
+        if not 0 <= self.smooth_alpha <= 1:
+            raise UserError(f"--smooth-alpha must be in [0, 1], got {self.smooth_alpha}")
+        if self.method != "int8" and self.smooth_alpha != SMOOTH_ALPHA:
+            raise UserError(f"--smooth-alpha applies to --method int8, not {self.method}")
         if self.static_activations and self.method != "fp8":
             raise UserError(f"--static-activations applies to --method fp8, not {self.method}")
         if self.method == "fp8":
@@ -72,7 +78,7 @@ class QuantConfig:
     @property
     def needs_calibration(self) -> bool:
         if self.method == "int8":
-            return self.outlier_topk != 0
+            return self.outlier_topk != 0 or self.smooth_alpha > 0
         if self.method == "fp8":
             return self.static_activations
         return self.method == "awq"

@@ -57,6 +57,7 @@ def int8_config(spec: Int8Spec) -> dict:
         "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
         "outliers": {"threshold": spec.outlier_threshold, "topk": spec.outlier_topk, "dtype": "float16"},
+        "smoothing": {"alpha": spec.smooth_alpha, "folded_into": "input_layernorm, post_attention_layernorm"},
         "ignore": ["lm_head"],
     }
 
@@ -72,7 +73,7 @@ def quantization_config(spec: Spec) -> dict:
 
 def spec_from_config(qc: dict) -> Spec:
     if qc.get("quant_method") == INT8_METHOD:
-        return Int8Spec(qc["outliers"]["threshold"], qc["outliers"]["topk"])
+        return Int8Spec(qc["outliers"]["threshold"], qc["outliers"]["topk"], qc.get("smoothing", {}).get("alpha", 0.0))
     if qc.get("quant_method") != "compressed-tensors" or qc.get("format") not in (PACKED, FLOAT):
         raise UserError(
             f"unsupported quantization_config (quant_method={qc.get('quant_method')}, format={qc.get('format')}); "

@@ -15,6 +15,7 @@ INT8_MAX = 127
 class Int8Spec:
     outlier_threshold: float  # input dims whose calibration max |x| reaches this
     outlier_topk: int | None  # instead: the K dims with the largest max |x| (0 = no split)
+    smooth_alpha: float = 0.0  # SmoothQuant migration strength on the norm-fed Linears (0 = none)
 
 
 def outlier_dims(absmax: torch.Tensor | None, spec: Int8Spec) -> torch.Tensor:

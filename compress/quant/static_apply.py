@@ -13,17 +13,21 @@ from tqdm import tqdm
 
 from compress.calib import block_inputs, compute_device, on_device, record_absmax, run_block
 from compress.model.arch import LAYER_LINEARS
-from compress.model.decoder import Decoder
+from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.apply import swap_linears
+from compress.quant.awq_apply import fold_scales
 from compress.quant.fp8 import Fp8Spec, input_scale
 from compress.quant.int8 import Int8Spec, outlier_dims
 from compress.quant.linear import Fp8Linear, Int8OutlierLinear
+from compress.quant.smooth import smooth_scales
 
 MakeLinear = Callable[[str, nn.Linear, torch.Tensor], nn.Module]  # (name, linear, max |x| [I]) -> module
+Transform = Callable[[nn.Module, dict[str, torch.Tensor]], None]  # (block, max |x| by name): changes both in place
 
 
-def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc: str) -> dict[str, torch.Tensor]:
-    """Swap every decoder Linear for ``make(name, linear, absmax)``; returns the statistics by full name."""
+def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc: str, transform: Transform | None = None) -> dict[str, torch.Tensor]:
+    """Swap every decoder Linear for ``make(name, linear, absmax)`` (after ``transform`` of the
+    block and its statistics); returns the statistics the swap used, by full name."""
     device = compute_device()
     x = block_inputs(model, calib, device)  # [N, T, C]
     positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]
@@ -32,19 +36,44 @@ def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc:
         with on_device(block, device):
             model.prepare(positions, x.dtype)
             absmax = record_absmax(block, x, list(LAYER_LINEARS))
+            if transform is not None:
+                transform(block, absmax)
             swap_linears(block, lambda name, lin: make(name, lin, absmax[name]))
             x = run_block(block, x)
         stats.update({f"model.layers.{i}.{name}": a.cpu() for name, a in absmax.items()})
     return stats
 
 
+def smooth_block(model: Decoder, alpha: float) -> Transform:
+    """SmoothQuant on the Linears fed by an RMSNorm (q,k,v and gate,up): the scales fold into
+    the norm's weight exactly, and the statistics become those of the smoothed inputs."""
+
+    @torch.no_grad()
+    def transform(block: nn.Module, absmax: dict[str, torch.Tensor]) -> None:
+        for g in model.cfg.arch.scale_groups:
+            if not isinstance(block.get_submodule(g.prev), RMSNorm):
+                continue  # a Linear-fed group: its scale would move error into the previous int8 Linear
+            w_absmax = torch.stack([block.get_submodule(n).weight.abs().amax(0).float() for n in g.linears]).amax(0)  # [C]
+            s = smooth_scales(absmax[g.linears[0]], w_absmax, alpha)  # [C]
+            fold_scales(block, g, s, lambda v: v)
+            for n in g.linears:
+                absmax[n] = absmax[n] / s
+
+    return transform
+
+
 def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """Int8OutlierLinear everywhere; ``calib`` may be None only for top-0 (no split)."""
+    """Int8OutlierLinear everywhere; ``calib`` may be None only for top-0 (no split) without smoothing."""
     if calib is None:
         for block in model.model.layers:
             swap_linears(block, lambda _, lin: Int8OutlierLinear.from_float(lin, outlier_dims(None, spec)))
         return {}
-    return calibrated_swap(model, calib, lambda _, lin, a: Int8OutlierLinear.from_float(lin, outlier_dims(a, spec)), "int8 outliers")
+    smooth = smooth_block(model, spec.smooth_alpha) if spec.smooth_alpha > 0 else None
+
+    def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Int8OutlierLinear:
+        return Int8OutlierLinear.from_float(lin, outlier_dims(absmax, spec))
+
+    return calibrated_swap(model, calib, make, "int8 outliers", smooth)
 
 
 def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None) -> dict[str, torch.Tensor]:

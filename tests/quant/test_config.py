@@ -16,6 +16,8 @@ from compress.quant.config import QuantConfig
         (dict(method="fp8", format="awq"), "--format awq"),
         (dict(method="int8", outlier_topk=-1), "--outlier-topk must be >= 0"),
         (dict(method="int8", outlier_threshold=-2.0), "--outlier-threshold must be > 0"),
+        (dict(method="int8", smooth_alpha=1.5), "--smooth-alpha must be in \\[0, 1\\]"),
+        (dict(method="fp8", smooth_alpha=0.3), "--smooth-alpha applies to --method int8"),
     ],
 )
 def test_bad_int8_fp8_options(kwargs, fragment):
@@ -25,6 +27,7 @@ def test_bad_int8_fp8_options(kwargs, fragment):
 
 def test_calibration_only_when_a_statistic_is_needed():
     assert QuantConfig(method="int8").needs_calibration
-    assert not QuantConfig(method="int8", outlier_topk=0).needs_calibration
+    assert QuantConfig(method="int8", outlier_topk=0).needs_calibration  # smoothing needs the statistics
+    assert not QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0).needs_calibration
     assert not QuantConfig(method="fp8").needs_calibration
     assert QuantConfig(method="fp8", static_activations=True).needs_calibration

@@ -2,13 +2,15 @@
 
 import torch
 
+from compress.calib import record_absmax
+from compress.model.arch import LAYER_LINEARS
 from compress.models import load_model
 from compress.quant.apply import quantize
 from compress.quant.config import QuantConfig
 from compress.quant.export import write_quantized
 from compress.quant.int8 import Int8Spec, outlier_dims
 from compress.quant.linear import Int8OutlierLinear
-from compress.quant.static_apply import int8_quantize
+from compress.quant.static_apply import int8_quantize, smooth_block
 from tests.conftest import save_hf, tiny_hf
 
 PLANTED = {0: [3, 17, 40], 1: [9, 50]}  # layer -> hidden dims whose norm weight is scaled up
@@ -55,7 +57,7 @@ def test_split_beats_no_split(tmp_path):
     errors = {}
     for topk in (None, 0):
         model = load_model(src)
-        cfg = QuantConfig(method="int8", outlier_topk=topk)
+        cfg = QuantConfig(method="int8", outlier_topk=topk, smooth_alpha=0.0)
         quantize(model, cfg, calib_tokens() if cfg.needs_calibration else None)
         with torch.no_grad():
             errors[topk] = ((model(ids) - fp(ids)).norm() / fp(ids).norm()).item()
@@ -65,7 +67,7 @@ def test_split_beats_no_split(tmp_path):
 def test_export_reload_same_logits(tmp_path):
     src = planted_model(tmp_path)
     model = load_model(src)
-    spec = quantize(model, QuantConfig(method="int8"), calib_tokens())
+    spec = quantize(model, QuantConfig(method="int8", smooth_alpha=0.0), calib_tokens())
     out = tmp_path / "out"
     out.mkdir()
     write_quantized(model, spec, out, src)
@@ -76,3 +78,34 @@ def test_export_reload_same_logits(tmp_path):
     ids = torch.randint(0, 256, (2, 12))
     with torch.no_grad():
         assert torch.equal(model(ids), reloaded(ids))
+
+
+def test_smoothing_folds_exactly_and_rescales_the_statistics(tmp_path):
+    model = load_model(planted_model(tmp_path))
+    block = model.model.layers[0]
+    x = torch.randn(2, 12, model.cfg.hidden_size, generator=torch.Generator().manual_seed(2))  # [N, T, C]
+    model.prepare(torch.arange(12)[None], x.dtype)
+    with torch.no_grad():
+        before = block(x)
+    absmax = record_absmax(block, x, list(LAYER_LINEARS))
+    smooth_block(model, 0.5)(block, absmax)
+    with torch.no_grad():
+        assert torch.allclose(block(x), before, atol=1e-5, rtol=1e-5)
+    seen = record_absmax(block, x, list(LAYER_LINEARS))
+    for name in LAYER_LINEARS:
+        assert torch.allclose(seen[name], absmax[name], rtol=1e-5), name
+    planted = absmax["self_attn.q_proj"][PLANTED[0]].min() / absmax["self_attn.q_proj"].median()
+    assert planted < 10  # was ~30x before smoothing
+
+
+def test_smoothing_beats_plain_int8_without_a_split(tmp_path):
+    src = planted_model(tmp_path)
+    fp = load_model(src)
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
+    errors = {}
+    for alpha in (0.0, 0.5):
+        model = load_model(src)
+        quantize(model, QuantConfig(method="int8", outlier_threshold=1e9, smooth_alpha=alpha), calib_tokens())
+        with torch.no_grad():
+            errors[alpha] = ((model(ids) - fp(ids)).norm() / fp(ids).norm()).item()
+    assert errors[0.5] * 1.5 < errors[0.0], errors
