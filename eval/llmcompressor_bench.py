@@ -5,21 +5,34 @@ transformers, so a separate virtualenv is simplest):
 
     python -m compress.eval.llmcompressor_bench --model smollm2-135m --out bench-out/llmc-awq-int4
 
-It writes a compressed-tensors checkpoint (W4A16 asymmetric, our default group size) and
-prints its wall time; `compress eval` then measures its perplexity with the same code as ours.
+It writes llm-compressor's compressed-tensors checkpoint (W4A16 asymmetric, our default group
+size) to OUT/llmcompressor and ours (`compress quantize --method awq --bits 4`, same calibration
+tokens) to OUT/compress, one after the other in this process, then prints both wall times and
+both WikiText-2 perplexities, measured by the same code (our loader reads either checkpoint).
 """
 
 import time
+from pathlib import Path
 
 import click
 
 from compress import models
 from compress.calib import calibration_tokens
+from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
 from compress.quant.config import QuantConfig
 from compress.quant.primitives import default_group_size
+from compress.quantize import run_quantize
 from compress.roofline import linear_widths
+
+
+def _no_pinning() -> None:
+    """llm-compressor 0.14 pins its cached block inputs for faster host-to-GPU copies, which
+    raises on a machine without an accelerator; there a copy is never made, so skip the pin."""
+    from llmcompressor.pipelines.cache import IntermediatesCache
+
+    IntermediatesCache.pin_memory = lambda self, *args, **kwargs: None
 
 
 @click.command()
@@ -27,7 +40,8 @@ from compress.roofline import linear_widths
 @click.option("--out", required=True)
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--calib-seq-len", type=int, default=512, show_default=True)
-def main(model, out, calib_samples, calib_seq_len):
+@click.option("--limit-tokens", type=int, default=None, help="perplexity on the first N WikiText-2 tokens only")
+def main(model, out, calib_samples, calib_seq_len, limit_tokens):
     import datasets
     import torch
     from llmcompressor import oneshot
@@ -46,13 +60,33 @@ def main(model, out, calib_samples, calib_seq_len):
         AWQModifier(),
         QuantizationModifier(ignore=["lm_head"], config_groups={"group_0": {"targets": ["Linear"], "weights": weights}}),
     ]
+    if not torch.cuda.is_available():
+        _no_pinning()
     hf = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32)
+    theirs, ours = Path(out) / "llmcompressor", Path(out) / "compress"
     start = time.perf_counter()
     oneshot(model=hf, dataset=ds, recipe=recipe, num_calibration_samples=calib_samples, max_seq_length=calib_seq_len)
-    seconds = time.perf_counter() - start
-    hf.save_pretrained(out, save_compressed=True)
-    tok.save_pretrained(out)
-    print(f"llm-compressor AWQ W4A16_ASYM g{group}: {seconds:.0f} s (calibration + search + quantization)")
+    seconds = {"llm-compressor AWQ": time.perf_counter() - start}
+    hf.save_pretrained(theirs, save_compressed=True)
+    tok.save_pretrained(theirs)
+    del hf
+    start = time.perf_counter()
+    run_quantize(model, cfg, str(ours), force=True)
+    seconds["compress AWQ"] = time.perf_counter() - start  # includes its own load, calibration and write
+
+    tokens = wikitext_tokens(tok)
+    pcfg = PerplexityConfig(seq_len=2048, limit_tokens=limit_tokens)
+    ppl = {"fp32": perplexity(models.load_model(src), tokens, pcfg, desc="fp32")}
+    for label, path in zip(seconds, (theirs, ours)):
+        ppl[label] = perplexity(models.load_model(path), tokens, pcfg, desc=label)
+    scope = f"first {limit_tokens} tokens" if limit_tokens else "all tokens"
+    print(f"\nAWQ int4 (W4A16 asymmetric, group size {group}), {calib_samples} x {calib_seq_len} C4 calibration tokens; WikiText-2 {scope}")
+    print("| method | wall s | ppl | gap to fp32 |")
+    print("|---|---:|---:|---:|")
+    print(f"| fp32 | - | {ppl['fp32']:.3f} | +0.000 |")
+    for label, sec in seconds.items():
+        print(f"| {label} | {sec:.0f} | {ppl[label]:.3f} | {ppl[label] - ppl['fp32']:+.3f} |")
+    print(f"wall time compress / llm-compressor = {seconds['compress AWQ'] / seconds['llm-compressor AWQ']:.2f}")
 
 
 if __name__ == "__main__":
