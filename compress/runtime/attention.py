@@ -18,6 +18,31 @@ import torch.nn.functional as F
 from compress import kernels
 
 DECODE_ROWS = 16  # beyond this many new tokens a sequence's rows cost more gathered than as one causal SDPA
+GROUP_SLACK = 1.25  # CPU decode: a group's KV padded to its longest row may be this much more than its real KV
+
+
+@dataclass
+class DecodeGroup:
+    """CPU decode rows of similar context, attended in one SDPA over their gathered blocks."""
+
+    idx: torch.Tensor  # [G] long: positions among the decode rows
+    tables: torch.Tensor  # [G, MB] long: their block tables, cut to the group's longest
+    mask: torch.Tensor  # [G, 1, 1, MB * block_size] bool: keys each row may see
+
+
+def group_by_context(blocks: list[int]) -> list[list[int]]:
+    """Indices of ``blocks`` (blocks each row reads) in ascending order, cut into groups whose padded
+    size (rows x the group's largest) stays within GROUP_SLACK of their real size: the gather and
+    the attention then cost about what the real contexts need, not the batch's longest everywhere."""
+    order = sorted(range(len(blocks)), key=blocks.__getitem__)
+    groups, real = [[]], 0
+    for i in order:
+        if groups[-1] and blocks[i] * (len(groups[-1]) + 1) > GROUP_SLACK * (real + blocks[i]):
+            groups.append([])
+            real = 0
+        groups[-1].append(i)
+        real += blocks[i]
+    return groups
 
 
 @dataclass
@@ -66,6 +91,23 @@ class PagedAttention:
     def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None):
         self.kv = kv  # [2, L, num_blocks, block_size, KVH, D]
         self.meta, self.window = meta, sliding_window
+        use_kernel = kv.is_cuda and sliding_window is None
+        self.groups = [] if use_kernel or not meta.decode_rows.numel() else self._decode_groups(kv.shape[3])
+
+    def _decode_groups(self, block_size: int) -> list[DecodeGroup]:
+        """The CPU decode rows' groups, built once per step (every layer reuses them)."""
+        lens = self.meta.decode_lens.long()  # [Sd]
+        blocks = (-(-lens // block_size)).tolist()
+        groups = []
+        for members in group_by_context(blocks):
+            idx = torch.tensor(members, device=lens.device)
+            width = max(blocks[i] for i in members)
+            j = torch.arange(width * block_size, device=lens.device)  # [MB * bs] key positions
+            mask = j[None] < lens[idx, None]  # [G, MB * bs]
+            if self.window is not None:
+                mask &= j[None] >= lens[idx, None] - self.window
+            groups.append(DecodeGroup(idx, self.meta.decode_tables[idx, :width].long(), mask[:, None, None]))
+        return groups
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = self.kv[0, layer], self.kv[1, layer]  # [NB, bs, KVH, D]
@@ -82,19 +124,17 @@ class PagedAttention:
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """[Sd, H, D]: one query per sequence over its cached tokens."""
-        tables, lens = self.meta.decode_tables, self.meta.decode_lens
-        if q.is_cuda and self.window is None:
-            return kernels.paged_attention(q, k_cache, v_cache, tables, lens)
-        # CPU: the same op as one batched call over the gathered blocks (padding masked out)
-        # instead of the reference's loop over sequences, which costs a Python loop per layer.
-        k = k_cache[tables.long()].flatten(1, 2).transpose(1, 2)  # [Sd, KVH, MB*bs, D]
-        v = v_cache[tables.long()].flatten(1, 2).transpose(1, 2)
-        j = torch.arange(k.shape[2], device=q.device)
-        mask = j[None] < lens[:, None]  # [Sd, MB*bs]
-        if self.window is not None:
-            mask &= j[None] >= lens[:, None] - self.window
-        out = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=mask[:, None, None], enable_gqa=True)
-        return out[:, :, 0]  # [Sd, H, D]
+        if not self.groups:
+            return kernels.paged_attention(q, k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens)
+        # CPU: per group of rows with similar context, one batched call over the gathered blocks
+        # (padding masked out) instead of the reference's loop over sequences.
+        out = torch.empty_like(q)  # [Sd, H, D]
+        for g in self.groups:
+            k = k_cache[g.tables].flatten(1, 2).transpose(1, 2)  # [G, KVH, MB*bs, D]
+            v = v_cache[g.tables].flatten(1, 2).transpose(1, 2)
+            o = F.scaled_dot_product_attention(q[g.idx, :, None], k, v, attn_mask=g.mask, enable_gqa=True)  # [G, H, 1, D]
+            out[g.idx] = o[:, :, 0]
+        return out
 
     def _prefill(self, q, k, v, p: Prefill, k_cache, v_cache) -> torch.Tensor:
         """[n, H, D]: n new tokens, causal over the cached prefix and themselves."""

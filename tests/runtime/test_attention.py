@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.kernels import reference
-from compress.runtime.attention import DECODE_ROWS, AttentionMetadata, PagedAttention
+from compress.runtime.attention import DECODE_ROWS, GROUP_SLACK, AttentionMetadata, PagedAttention, group_by_context
 
 L, NB, BS, H, KV, D = 1, 16, 4, 4, 2, 8
 
@@ -62,3 +62,35 @@ def test_sliding_window_masks_old_tokens():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     unwindowed = PagedAttention(kv, meta, None)(0, q, k, v)[0]
     assert (unwindowed - ref).abs().max() > 1e-3
+
+
+def test_context_groups_cover_every_row_once_within_the_slack():
+    blocks = [1, 40, 2, 39, 3, 1, 20, 21, 2, 38]
+    groups = group_by_context(blocks)
+    assert sorted(i for g in groups for i in g) == list(range(len(blocks)))
+    for g in groups:
+        assert max(blocks[i] for i in g) * len(g) <= GROUP_SLACK * sum(blocks[i] for i in g) or len(g) == 1
+    assert len(groups) < len(blocks)  # similar contexts share a call
+    assert group_by_context([5, 5, 5]) == [[0, 1, 2]]
+
+
+def test_decode_rows_of_very_different_contexts_match_the_reference():
+    torch.manual_seed(2)
+    nb = 64
+    kv = torch.randn(2, L, nb, BS, KV, D)
+    ctx = [1, 3, 30, 31, 4, 60, 2, 59]  # cached tokens before this step; each row adds one
+    perm = torch.randperm(nb).tolist()
+    tables, used = [], 0
+    for c in ctx:
+        n = -(-(c + 1) // BS)
+        tables.append(perm[used:used + n])
+        used += n
+    meta = AttentionMetadata.build(ctx, [1] * len(ctx), tables, BS, "cpu")
+    backend = PagedAttention(kv, meta, None)
+    assert 1 < len(backend.groups) < len(ctx)
+    q, k, v = torch.randn(1, len(ctx), H, D), torch.randn(1, len(ctx), KV, D), torch.randn(1, len(ctx), KV, D)
+    out = backend(0, q, k, v)[0]
+    width = max(len(t) for t in tables)
+    padded = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)
+    ref = reference.paged_attention(q[0], kv[0, 0], kv[1, 0], padded, torch.tensor(ctx, dtype=torch.int32) + 1)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
