@@ -5,10 +5,17 @@ K/V has been computed is registered under the hash of its tokens chained with th
 block before it, so a later request with the same prefix maps the same physical block
 (ref_count > 1) instead of computing it again. A freed block keeps its hash and stays findable
 until the pool hands it out again (oldest freed first), so "free" includes cached-but-unused.
+
+A prompt that ends inside a block (the four MMLU answers after one question, a system prompt whose
+length is not a multiple of block_size) can also reuse the *leading slots* of a cached block:
+every computed block registers its first 1 .. block_size - 1 tokens as partial keys, and a new
+sequence maps the longest match after its full blocks. Writing into a block slot drops the keys
+that reach past it (and its full hash), so a key always describes what the slots hold; a block
+that others still read is copied first, as for full blocks.
 """
 
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compress.runtime.sequence import Sequence
 
@@ -19,6 +26,7 @@ class Block:
     ref_count: int = 0
     hash: int | None = None
     token_ids: tuple[int, ...] = ()  # the tokens behind `hash`, compared on a hit
+    partial_keys: list[tuple] = field(default_factory=list)  # (prev hash, leading tokens), shortest first
 
 
 def chain_hash(prev: int | None, token_ids: tuple[int, ...]) -> int:
@@ -31,9 +39,11 @@ class BlockManager:
         self.blocks = [Block(i) for i in range(num_blocks)]
         self.free_ids: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # eviction order
         self.cached: dict[int, int] = {}  # block hash -> block id
+        self.partial: dict[tuple, int] = {}  # (prev hash, the block's first n < block_size tokens) -> block id
         # Counters for tests and benchmarks.
         self.num_allocated = 0  # blocks handed out fresh (not prefix hits)
         self.num_prefix_hits = 0  # blocks reused through the prefix cache
+        self.num_partial_hits = 0  # of which blocks whose leading slots only were reused
         self.num_cow_copies = 0
 
     @property
@@ -48,30 +58,43 @@ class BlockManager:
         return -(-num_tokens // self.block_size)
 
     def take_cached_prefix(self, seq: Sequence) -> None:
-        """Map the leading full blocks of a new sequence that are in the prefix cache; sets num_computed.
+        """Map the leading blocks of a new sequence that are in the prefix cache; sets num_computed.
 
-        At least one token is left to compute (its logits are needed): when the whole prompt is
-        cached, the last token is recomputed, and its write into the shared block copies it first.
-        Only blocks within seq.max_cached_tokens are looked up (prompt tokens to score need their logits).
+        Full blocks first, then the longest cached run of leading slots of the next block. At least
+        one token is left to compute (its logits are needed): when the whole prompt is cached, the
+        last token is recomputed, and its write into the shared block copies it first. Only the
+        first seq.max_cached_tokens tokens are looked up (prompt tokens to score need their logits).
         """
         if not self.prefix_caching:
             return
-        prev = None
-        for start in range(0, seq.max_cached_tokens - self.block_size + 1, self.block_size):
-            tokens = tuple(seq.token_ids[start:start + self.block_size])
-            prev = chain_hash(prev, tokens)
-            block_id = self.cached.get(prev)
+        bs, limit, prev = self.block_size, seq.max_cached_tokens, None
+        for start in range(0, limit - bs + 1, bs):
+            tokens = tuple(seq.token_ids[start:start + bs])
+            h = chain_hash(prev, tokens)
+            block_id = self.cached.get(h)
             if block_id is None or self.blocks[block_id].token_ids != tokens:
                 break
             self._ref(block_id)
             seq.block_table.append(block_id)
-            seq.block_hashes.append(prev)
+            seq.block_hashes.append(h)
+            prev = h
+        cached = len(seq.block_table) * bs
         self.num_prefix_hits += len(seq.block_table)
-        seq.num_computed = min(len(seq.block_table) * self.block_size, seq.num_tokens - 1)
+        for n in range(min(bs - 1, limit - cached), 0, -1):
+            block_id = self.partial.get((prev, tuple(seq.token_ids[cached:cached + n])))
+            if block_id is not None:
+                self._ref(block_id)
+                seq.block_table.append(block_id)
+                self.num_prefix_hits += 1
+                self.num_partial_hits += 1
+                cached += n
+                break
+        seq.num_computed = min(cached, seq.num_tokens - 1)
 
     def undo_prefix(self, seq: Sequence) -> None:
         """Give back what take_cached_prefix mapped, for a sequence that could not be admitted after all."""
         self.num_prefix_hits -= len(seq.block_table)
+        self.num_partial_hits -= len(seq.block_table) - len(seq.block_hashes)
         self.free(seq)
 
     def can_append(self, seq: Sequence, num_new: int) -> bool:
@@ -80,22 +103,57 @@ class BlockManager:
     def append(self, seq: Sequence, num_new: int) -> list[tuple[int, int]]:
         """Give seq room for num_new more tokens; returns (src, dst) block copies to make first."""
         copies = self._copy_on_write(seq)
+        self._invalidate_from(seq)
         for _ in range(self.blocks_needed(seq.num_computed + num_new) - len(seq.block_table)):
             seq.block_table.append(self._allocate())
         return copies
 
     def commit(self, seq: Sequence) -> None:
-        """Register the newly completed full blocks of seq (their K/V now computed) in the prefix cache."""
+        """Register the newly completed full blocks of seq (their K/V now computed) in the prefix cache,
+        and the leading slots of every block computed since the last commit as partial keys."""
         if not self.prefix_caching:
             return
         bs = self.block_size
-        for i in range(len(seq.block_hashes), seq.num_computed // bs):
+        first = len(seq.block_hashes)
+        for i in range(first, seq.num_computed // bs):
             tokens = tuple(seq.token_ids[i * bs:(i + 1) * bs])
             h = chain_hash(seq.block_hashes[-1] if seq.block_hashes else None, tokens)
             seq.block_hashes.append(h)
             block = self.blocks[seq.block_table[i]]
             block.hash, block.token_ids = h, tokens
             self.cached.setdefault(h, block.id)
+        for i in range(first, -(-seq.num_computed // bs)):
+            self._register_partial(seq, i, min(seq.num_computed - i * bs, bs - 1))
+
+    def _register_partial(self, seq: Sequence, index: int, n: int) -> None:
+        """Keys for the first 1..n slots of seq's block at ``index`` (those not registered yet)."""
+        block = self.blocks[seq.block_table[index]]
+        prev = seq.block_hashes[index - 1] if index else None
+        start = index * self.block_size
+        for length in range(len(block.partial_keys) + 1, n + 1):
+            key = (prev, tuple(seq.token_ids[start:start + length]))
+            block.partial_keys.append(key)
+            self.partial.setdefault(key, block.id)
+
+    def _invalidate_from(self, seq: Sequence) -> None:
+        """Before seq writes from slot num_computed on: drop the keys of that block that reach past it."""
+        index, offset = divmod(seq.num_computed, self.block_size)
+        if index >= len(seq.block_table):
+            return
+        # A block in seq's hashed prefix is rewritten with the same tokens (a fully cached prompt
+        # recomputing its last one): its full hash stays true.
+        self._forget(self.blocks[seq.block_table[index]], keep=offset, keep_hash=index < len(seq.block_hashes))
+
+    def _forget(self, block: Block, keep: int = 0, keep_hash: bool = False) -> None:
+        """Unregister block's full hash (unless keep_hash) and its partial keys longer than ``keep`` slots."""
+        if not keep_hash:
+            if block.hash is not None and self.cached.get(block.hash) == block.id:
+                del self.cached[block.hash]
+            block.hash, block.token_ids = None, ()
+        for key in block.partial_keys[keep:]:
+            if self.partial.get(key) == block.id:
+                del self.partial[key]
+        del block.partial_keys[keep:]
 
     def free(self, seq: Sequence) -> None:
         self._release(seq.block_table)
@@ -147,8 +205,7 @@ class BlockManager:
     def _allocate(self) -> int:
         block_id, _ = self.free_ids.popitem(last=False)
         block = self.blocks[block_id]
-        if block.hash is not None and self.cached.get(block.hash) == block_id:
-            del self.cached[block.hash]
-        block.hash, block.token_ids, block.ref_count = None, (), 1
+        self._forget(block)
+        block.ref_count = 1
         self.num_allocated += 1
         return block_id

@@ -39,10 +39,11 @@ def test_prefix_hit_shares_full_blocks_with_chained_hashes():
     bm.take_cached_prefix(b)
     assert b.block_table == a.block_table[:2] and b.num_computed == 8 and bm.num_prefix_hits == 2
     assert all(bm.blocks[i].ref_count == 2 for i in b.block_table)
-    # The same second block after another first block is a different prefix: no hit past block 0.
+    # The same second block after another first block is a different prefix: only block 0's
+    # first three slots are reused.
     c = seq([1, 2, 3, 0, 5, 6, 7, 8, 9], 2)
     bm.take_cached_prefix(c)
-    assert c.block_table == [] and c.num_computed == 0
+    assert c.block_table == a.block_table[:1] and c.num_computed == 3 and bm.num_partial_hits == 1
 
 
 def test_freed_blocks_stay_cached_until_reused():
@@ -96,3 +97,53 @@ def test_prefix_caching_off_never_hits():
     b = seq(range(9), 1)
     bm.take_cached_prefix(b)
     assert b.num_computed == 0 and bm.cached == {}
+
+
+def test_leading_slots_of_a_shared_block_are_reused_and_copied_before_writing():
+    bm = BlockManager(16, 4)
+    a = seq(range(10))
+    compute(bm, a, 10)
+    b = seq([0, 1, 2, 3, 4, 5, 77, 78], 1)  # block 0 whole, then the first 2 slots of block 1
+    bm.take_cached_prefix(b)
+    assert b.block_table == a.block_table[:2] and b.num_computed == 6
+    assert (bm.num_prefix_hits, bm.num_partial_hits) == (2, 1)
+    shared = a.block_table[1]
+    copies = compute(bm, b, 2)
+    assert copies == [(shared, b.block_table[1])] and b.block_table[1] != shared
+    assert bm.blocks[shared].ref_count == 1
+
+
+def test_writing_into_a_cached_block_forgets_the_keys_past_the_write():
+    bm = BlockManager(16, 4)
+    a = seq(range(10))
+    compute(bm, a, 10)
+    first_block = a.block_table[0]
+    bm.free(a)
+    b = seq([0, 1, 2, 3, 4, 5, 77, 78], 1)
+    bm.take_cached_prefix(b)
+    reused = b.block_table[1]
+    assert compute(bm, b, 2) == [] and b.block_table[1] == reused  # no other reader: written in place
+    bm.free(b)
+    c = seq(range(10), 2)  # a's prompt again: slots 2, 3 of that block now hold b's tokens
+    bm.take_cached_prefix(c)
+    assert c.block_table == [first_block, reused] and c.num_computed == 6
+    d = seq([0, 1, 2, 3, 4, 5, 77, 78, 5], 3)  # b's tokens are what the block holds now
+    bm.take_cached_prefix(d)
+    assert d.num_computed == 8 and d.block_table[1] == reused
+
+
+def test_answer_choices_after_one_context_compute_only_their_own_tokens():
+    """lm-eval's four continuations of one question: the first computes the context, the others reuse
+    all of it but the last context token, whose logits score their continuation."""
+    bm = BlockManager(16, 4)
+    context = list(range(100, 110))
+    first = Sequence(0, context + [1], SamplingParams(prompt_logprobs=1, score_from=10), frozenset())
+    compute(bm, first, 11)
+    bm.free(first)
+    for i, answer in enumerate([2, 3, 4], 1):
+        s = Sequence(i, context + [answer], SamplingParams(prompt_logprobs=1, score_from=10), frozenset())
+        bm.take_cached_prefix(s)
+        assert s.num_computed == 9
+        compute(bm, s, 2)
+        bm.free(s)
+    assert bm.num_partial_hits == 3

@@ -40,9 +40,12 @@ def test_shared_prefix_blocks_are_allocated_once(tiny_dir):
         while llm.has_unfinished():
             done.update((o.request_id, o.token_ids) for o in llm.step() if o.finished)
         outputs[caching] = [done[i] for i in [first, *rest]]
-        # 220 prompt + 7 computed output tokens = 15 blocks each; the 12 blocks of pure prefix are shared.
+        # 220 prompt + 7 computed output tokens = 15 blocks each; the 12 blocks of pure prefix are shared,
+        # and so are the 8 prefix tokens in block 12 (each copy of it replaces a fresh block).
         assert llm.blocks.num_allocated == (15 + 3 * 3 if caching else 4 * 15)
-        assert llm.blocks.num_prefix_hits == (3 * 12 if caching else 0)
+        assert llm.blocks.num_prefix_hits == (3 * 13 if caching else 0)
+        assert llm.blocks.num_partial_hits == (3 if caching else 0)
+        assert llm.blocks.num_cow_copies == (3 if caching else 0)
         assert llm.blocks.num_free == llm.blocks.num_blocks
     assert outputs[True] == outputs[False]
 
