@@ -100,7 +100,7 @@ def bs1(llm: LLM, hf, new_tokens: int = 128) -> tuple[float, float]:
 
 
 def table(rows: list[dict]) -> str:
-    head = "| system | tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | peak RSS (MiB) | ours is |\n|---|---|---|---|---|---|"
+    head = "| system | tok/s | TTFT p50 / p99 (ms) | ITL p50 / p99 (ms) | peak RSS (MiB) | the first row is |\n|---|---|---|---|---|---|"
     base = rows[0]["tok_s"]
     lines = [f"| {r['name']} | {r['tok_s']:.1f} | {r['ttft50']:.0f} / {r['ttft99']:.0f} | {r['itl50']:.1f} / {r['itl99']:.1f} "
              f"| {r['peak']:.0f} | {base / r['tok_s']:.2f}x faster |" for r in rows]
