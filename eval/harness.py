@@ -39,9 +39,11 @@ def check_tasks(names: list[str]) -> None:
 def run_mmlu(lm, num_fewshot: int, limit: int | None, subjects: list[str] | None = None) -> dict:
     """Accuracy per subject, per group and overall (micro and macro, with stderr)."""
     from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
 
+    # The local tasks are whole configs: skip indexing lm-eval's ~10k task files (seconds per call).
     out = simple_evaluate(model=lm, tasks=mmlu.tasks(subjects), num_fewshot=num_fewshot, limit=limit,
-                          bootstrap_iters=0, log_samples=False)
+                          bootstrap_iters=0, log_samples=False, task_manager=TaskManager(include_defaults=False))
     per_subject = {}
     for name, metrics in out["results"].items():
         subject = name.removeprefix(mmlu.TASK_PREFIX)
