@@ -9,9 +9,9 @@ until the pool hands it out again (oldest freed first), so "free" includes cache
 A prompt that ends inside a block (the four MMLU answers after one question, a system prompt whose
 length is not a multiple of block_size) can also reuse the *leading slots* of a cached block:
 every computed block registers its first 1 .. block_size - 1 tokens as partial keys, and a new
-sequence maps the longest match after its full blocks. Writing into a block slot drops the keys
-that reach past it (and its full hash), so a key always describes what the slots hold; a block
-that others still read is copied first, as for full blocks.
+sequence maps the longest match after its full blocks. A block is never written where cached
+content (its full hash, or partial keys longer than the write's slot) or another sequence still
+needs it: it is copied first, so a key always describes what the slots hold.
 """
 
 from collections import OrderedDict
@@ -80,7 +80,8 @@ class BlockManager:
             prev = h
         cached = len(seq.block_table) * bs
         self.num_prefix_hits += len(seq.block_table)
-        for n in range(min(bs - 1, limit - cached), 0, -1):
+        # A match must leave the last prompt token to compute, or it reuses nothing (and costs a copy).
+        for n in range(min(bs - 1, limit - cached, seq.num_tokens - 1 - cached), 0, -1):
             block_id = self.partial.get((prev, tuple(seq.token_ids[cached:cached + n])))
             if block_id is not None:
                 self._ref(block_id)
@@ -103,7 +104,6 @@ class BlockManager:
     def append(self, seq: Sequence, num_new: int) -> list[tuple[int, int]]:
         """Give seq room for num_new more tokens; returns (src, dst) block copies to make first."""
         copies = self._copy_on_write(seq)
-        self._invalidate_from(seq)
         for _ in range(self.blocks_needed(seq.num_computed + num_new) - len(seq.block_table)):
             seq.block_table.append(self._allocate())
         return copies
@@ -135,25 +135,15 @@ class BlockManager:
             block.partial_keys.append(key)
             self.partial.setdefault(key, block.id)
 
-    def _invalidate_from(self, seq: Sequence) -> None:
-        """Before seq writes from slot num_computed on: drop the keys of that block that reach past it."""
-        index, offset = divmod(seq.num_computed, self.block_size)
-        if index >= len(seq.block_table):
-            return
-        # A block in seq's hashed prefix is rewritten with the same tokens (a fully cached prompt
-        # recomputing its last one): its full hash stays true.
-        self._forget(self.blocks[seq.block_table[index]], keep=offset, keep_hash=index < len(seq.block_hashes))
-
-    def _forget(self, block: Block, keep: int = 0, keep_hash: bool = False) -> None:
-        """Unregister block's full hash (unless keep_hash) and its partial keys longer than ``keep`` slots."""
-        if not keep_hash:
-            if block.hash is not None and self.cached.get(block.hash) == block.id:
-                del self.cached[block.hash]
-            block.hash, block.token_ids = None, ()
-        for key in block.partial_keys[keep:]:
+    def _forget(self, block: Block) -> None:
+        """Unregister block's full hash and partial keys (it is about to hold other tokens)."""
+        if block.hash is not None and self.cached.get(block.hash) == block.id:
+            del self.cached[block.hash]
+        block.hash, block.token_ids = None, ()
+        for key in block.partial_keys:
             if self.partial.get(key) == block.id:
                 del self.partial[key]
-        del block.partial_keys[keep:]
+        block.partial_keys.clear()
 
     def free(self, seq: Sequence) -> None:
         self._release(seq.block_table)
@@ -180,19 +170,25 @@ class BlockManager:
         return grow + (1 if self._shared_write_target(seq) is not None else 0)
 
     def _shared_write_target(self, seq: Sequence) -> int | None:
-        """Index in the block table of a block shared with others that the next write lands in."""
-        index = seq.num_computed // self.block_size
-        if index < len(seq.block_table) and self.blocks[seq.block_table[index]].ref_count > 1:
-            return index
-        return None
+        """Index in the block table of the block the next write lands in, if it must be copied first:
+        another sequence reads it, or its cached content reaches past the write (a block mapped by a
+        partial hit). A block of seq's own hashed prefix is rewritten with the same tokens (a fully
+        cached prompt recomputing its last one), so only sharing counts there."""
+        index, offset = divmod(seq.num_computed, self.block_size)
+        if index >= len(seq.block_table):
+            return None
+        block = self.blocks[seq.block_table[index]]
+        cached_past = index >= len(seq.block_hashes) and (
+            len(block.partial_keys) > offset or (block.hash is not None and self.cached.get(block.hash) == block.id))
+        return index if block.ref_count > 1 or cached_past else None
 
     def _copy_on_write(self, seq: Sequence) -> list[tuple[int, int]]:
         index = self._shared_write_target(seq)
         if index is None:
             return []
         src = seq.block_table[index]
-        self.blocks[src].ref_count -= 1
         seq.block_table[index] = self._allocate()
+        self._release([src])
         self.num_cow_copies += 1
         return [(src, seq.block_table[index])]
 

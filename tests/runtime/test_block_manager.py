@@ -113,23 +113,34 @@ def test_leading_slots_of_a_shared_block_are_reused_and_copied_before_writing():
     assert bm.blocks[shared].ref_count == 1
 
 
-def test_writing_into_a_cached_block_forgets_the_keys_past_the_write():
+def test_a_partial_hit_copies_the_block_so_its_cached_content_survives():
     bm = BlockManager(16, 4)
     a = seq(range(10))
     compute(bm, a, 10)
-    first_block = a.block_table[0]
-    bm.free(a)
+    a_blocks = list(a.block_table)
+    bm.free(a)  # nobody holds a's blocks: only the cache does
     b = seq([0, 1, 2, 3, 4, 5, 77, 78], 1)
     bm.take_cached_prefix(b)
-    reused = b.block_table[1]
-    assert compute(bm, b, 2) == [] and b.block_table[1] == reused  # no other reader: written in place
+    assert b.block_table == a_blocks[:2] and b.num_computed == 6
+    copies = compute(bm, b, 2)  # slots 2, 3 of that block hold a's tokens 6, 7: copied, not overwritten
+    assert copies == [(a_blocks[1], b.block_table[1])] and b.block_table[1] != a_blocks[1]
     bm.free(b)
-    c = seq(range(10), 2)  # a's prompt again: slots 2, 3 of that block now hold b's tokens
+    c = seq(list(range(10)) + [50], 2)  # a's prompt again: every block of it is still cached
     bm.take_cached_prefix(c)
-    assert c.block_table == [first_block, reused] and c.num_computed == 6
-    d = seq([0, 1, 2, 3, 4, 5, 77, 78, 5], 3)  # b's tokens are what the block holds now
+    assert c.block_table == a_blocks and c.num_computed == 10
+    d = seq([0, 1, 2, 3, 4, 5, 77, 78, 9], 3)  # and b's tokens are cached in b's copy
     bm.take_cached_prefix(d)
-    assert d.num_computed == 8 and d.block_table[1] == reused
+    assert d.num_computed == 8 and d.block_table[1] == copies[0][1]
+
+
+def test_a_partial_hit_that_would_reuse_no_slot_is_not_taken():
+    bm = BlockManager(16, 4)
+    a = seq(range(6))
+    compute(bm, a, 6)
+    b = seq([0, 1, 2, 3, 4], 1)  # ends one slot into a's block 1, and its last token must be computed
+    bm.take_cached_prefix(b)
+    assert b.block_table == a.block_table[:1] and b.num_computed == 4 and bm.num_partial_hits == 0
+    assert compute(bm, b, 1) == []  # a fresh block: nothing copied
 
 
 def test_answer_choices_after_one_context_compute_only_their_own_tokens():
