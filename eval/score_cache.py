@@ -5,14 +5,17 @@ import json
 import sqlite3
 from pathlib import Path
 
+from compress.manifest import MANIFEST
 from compress.models import cache_dir
 
 COMMIT_EVERY = 256
 
 
 def model_fingerprint(model_dir: Path) -> str:
-    """Changes when the checkpoint does: its path and the size and mtime of each file in it."""
-    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(model_dir).iterdir() if f.is_file())
+    """Changes when the checkpoint does: its path and the size and mtime of each file in it but
+    compress.json, which every eval rewrites with its results (that must not orphan the cache)."""
+    files = sorted((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in Path(model_dir).iterdir()
+                   if f.is_file() and f.name != MANIFEST)
     return hashlib.sha1(json.dumps([str(Path(model_dir).resolve()), files]).encode()).hexdigest()[:16]
 
 
