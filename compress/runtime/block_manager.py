@@ -167,7 +167,10 @@ class BlockManager:
 
     def _new_blocks(self, seq: Sequence, num_new: int) -> int:
         grow = max(self.blocks_needed(seq.num_computed + num_new) - len(seq.block_table), 0)
-        return grow + (1 if self._shared_write_target(seq) is not None else 0)
+        index = self._shared_write_target(seq)
+        # A copy needs a block of its own only while others hold the source; a source only the cache
+        # wants goes back to the pool first (see _copy_on_write).
+        return grow + (1 if index is not None and self.blocks[seq.block_table[index]].ref_count > 1 else 0)
 
     def _shared_write_target(self, seq: Sequence) -> int | None:
         """Index in the block table of the block the next write lands in, if it must be copied first:
@@ -187,10 +190,12 @@ class BlockManager:
         if index is None:
             return []
         src = seq.block_table[index]
-        seq.block_table[index] = self._allocate()
         self._release([src])
+        dst = seq.block_table[index] = self._allocate()
+        if dst == src:  # the pool's only free block: written in place, its cached keys forgotten
+            return []
         self.num_cow_copies += 1
-        return [(src, seq.block_table[index])]
+        return [(src, dst)]
 
     def _ref(self, block_id: int) -> None:
         block = self.blocks[block_id]

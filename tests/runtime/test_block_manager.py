@@ -158,3 +158,17 @@ def test_answer_choices_after_one_context_compute_only_their_own_tokens():
         compute(bm, s, 2)
         bm.free(s)
     assert bm.num_partial_hits == 3
+
+
+def test_a_partial_hit_fits_a_pool_that_the_same_prompt_fits_without_it():
+    bm = BlockManager(3, 4)
+    a = seq(range(8))
+    compute(bm, a, 8)
+    bm.free(a)
+    b = seq([0, 1, 2, 3, 4, 5, 77, 78, 79, 80, 81, 82], 1)  # 3 blocks: the whole pool
+    bm.take_cached_prefix(b)
+    assert b.num_computed == 6 and bm.num_free == 1
+    # The copy's source is only cached, not held: it goes back to the pool before the copy is made.
+    assert bm.can_append(b, 6)
+    copies = compute(bm, b, 6)
+    assert len(copies) == 1 and len(set(b.block_table)) == 3 and bm.num_free == 0

@@ -63,6 +63,20 @@ def check_pool(bm: BlockManager, kv: SymbolicKV, holders: list[Sequence]) -> Non
         assert start % bs == 0 and held[start:] == tokens and chain(held[:start]) == prev
 
 
+def step(sched: Scheduler, kv: SymbolicKV, r: random.Random) -> list[Sequence]:
+    """One engine step with random sampled tokens and accepted drafts; returns the batch's sequences."""
+    batch = sched.schedule()
+    if batch.seqs:
+        kv.forward(batch)
+        sampled = []
+        for i, seq in enumerate(batch.seqs):
+            if batch.samples(i):
+                drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
+                sampled.append(drafts[:r.randint(0, len(drafts))] + [r.randrange(VOCAB)])
+        sched.postprocess(batch, sampled)
+    return batch.seqs
+
+
 def simulate(seed: int, speculative: bool, steps: int = 150) -> BlockManager:
     r = random.Random(seed)
     bs, num_blocks = r.choice([2, 3, 4]), r.randint(6, 30)
@@ -85,25 +99,17 @@ def simulate(seed: int, speculative: bool, steps: int = 150) -> BlockManager:
                     k = r.randint(0, 3)
                     seq.token_ids += [r.randrange(VOCAB) for _ in range(k)]
                     seq.num_draft = k
-        batch = sched.schedule()
-        if batch.seqs:
-            kv.forward(batch)
-            sampled = []
-            for i, seq in enumerate(batch.seqs):
-                if batch.samples(i):
-                    drafts = seq.token_ids[seq.num_tokens - seq.num_draft:]
-                    sampled.append(drafts[:r.randint(0, len(drafts))] + [r.randrange(VOCAB)])
-            sched.postprocess(batch, sampled)
-            for seq in batch.seqs:
-                if not seq.finished and r.random() < 0.03:
-                    sched.finish(seq, "stop")
+        for seq in step(sched, kv, r):
+            if not seq.finished and r.random() < 0.03:
+                sched.finish(seq, "stop")
         live = [s for s in seqs if not s.finished]
         if live and r.random() < 0.05:
             sched.finish(r.choice(live), "abort")
         check_pool(bm, kv, sched.running)
-    for seq in seqs:
-        if not seq.finished:
-            sched.finish(seq, "abort")
+    for _ in range(200):  # no new requests: everything admitted must run to its end (no livelock)
+        step(sched, kv, r)
+        check_pool(bm, kv, sched.running)
+    assert not sched.has_unfinished()
     assert bm.num_free == bm.num_blocks
     return bm
 
