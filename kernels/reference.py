@@ -113,6 +113,11 @@ def quantize_fp8(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
+def fp8_token_scale(x: torch.Tensor) -> torch.Tensor:
+    """[..., I] float -> [..., 1] fp32 dynamic per-token e4m3 input scale: absmax / 448."""
+    return x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / FP8_MAX
+
+
 def fp8_matmul(
     x: torch.Tensor,  # [..., I] fp16 / bf16 / fp32
     weight: torch.Tensor,  # [O, I] float8_e4m3fn
@@ -125,7 +130,7 @@ def fp8_matmul(
     shape = x.shape
     x2 = x.reshape(-1, shape[-1]).float()  # [M, I]
     if input_scale is None:
-        xs = x2.abs().amax(-1, keepdim=True).clamp(min=1e-12) / FP8_MAX  # [M, 1]
+        xs = fp8_token_scale(x2)  # [M, 1]
     else:
         xs = input_scale.float().reshape(1, 1)
     xq = quantize_fp8(x2, xs)  # [M, I] e4m3

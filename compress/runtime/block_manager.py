@@ -135,9 +135,13 @@ class BlockManager:
             block.partial_keys.append(key)
             self.partial.setdefault(key, block.id)
 
+    def _hash_is_cached(self, block: Block) -> bool:
+        """Whether the prefix cache finds this block under its full hash (another may hold the same tokens)."""
+        return block.hash is not None and self.cached.get(block.hash) == block.id
+
     def _forget(self, block: Block) -> None:
         """Unregister block's full hash and partial keys (it is about to hold other tokens)."""
-        if block.hash is not None and self.cached.get(block.hash) == block.id:
+        if self._hash_is_cached(block):
             del self.cached[block.hash]
         block.hash, block.token_ids = None, ()
         for key in block.partial_keys:
@@ -181,8 +185,7 @@ class BlockManager:
         if index >= len(seq.block_table):
             return None
         block = self.blocks[seq.block_table[index]]
-        cached_past = index >= len(seq.block_hashes) and (
-            len(block.partial_keys) > offset or (block.hash is not None and self.cached.get(block.hash) == block.id))
+        cached_past = index >= len(seq.block_hashes) and (len(block.partial_keys) > offset or self._hash_is_cached(block))
         return index if block.ref_count > 1 or cached_past else None
 
     def _copy_on_write(self, seq: Sequence) -> list[tuple[int, int]]:
