@@ -1,7 +1,9 @@
 """Compute kernels, installed as ``compress.kernels``.
 
 Each op runs a Triton kernel on CUDA tensors and the plain-torch reference (``reference.py``)
-everywhere else, so the CPU runtime runs the same code path end to end. Layouts: docs/kernels.md.
+everywhere else, so the CPU runtime runs the same code path end to end; one exception: fp32 paged
+attention on CPU runs a small C kernel (``paged_attention_cpu.py``) where the machine's C compiler
+builds it. Layouts: docs/kernels.md.
 
 Three kernel modules share their op's name (``dequant_matmul``, ``fp8_matmul``,
 ``paged_attention``). Python binds a submodule as an attribute of its package when the submodule
@@ -15,6 +17,7 @@ from compress.kernels import dequant_matmul as _dequant_matmul_kernel
 from compress.kernels import fp8_matmul as _fp8_matmul_kernel
 from compress.kernels import int8_matmul as _int8_matmul_kernel
 from compress.kernels import paged_attention as _paged_attention_kernel
+from compress.kernels import paged_attention_cpu
 from compress.kernels import reference
 from compress.kernels.reference import dequantize_packed
 
@@ -41,5 +44,8 @@ def fp8_matmul(x: torch.Tensor, weight, weight_scale, bias=None, input_scale=Non
 
 def paged_attention(q: torch.Tensor, k_cache, v_cache, block_tables, context_lens, scale: float | None = None):
     """[S, H, D] decode attention over a paged KV cache."""
-    op = _paged_attention_kernel.paged_attention if q.is_cuda else reference.paged_attention
+    if q.is_cuda:
+        op = _paged_attention_kernel.paged_attention
+    else:
+        op = paged_attention_cpu.paged_attention if paged_attention_cpu.supports(q) else reference.paged_attention
     return op(q, k_cache, v_cache, block_tables, context_lens, scale)

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from compress import kernels
+from compress.kernels import paged_attention_cpu
 
 DECODE_ROWS = 16  # beyond this many new tokens a sequence's rows cost more gathered than as one causal SDPA
 GROUP_SLACK = 1.25  # CPU decode: a group's KV padded to its longest row may be this much more than its real KV
@@ -91,7 +92,7 @@ class PagedAttention:
     def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None):
         self.kv = kv  # [2, L, num_blocks, block_size, KVH, D]
         self.meta, self.window = meta, sliding_window
-        use_kernel = kv.is_cuda and sliding_window is None
+        use_kernel = sliding_window is None and (kv.is_cuda or paged_attention_cpu.supports(kv))
         self.groups = [] if use_kernel or not meta.decode_rows.numel() else self._decode_groups(kv.shape[3])
 
     def _decode_groups(self, block_size: int) -> list[DecodeGroup]:
@@ -126,8 +127,9 @@ class PagedAttention:
         """[Sd, H, D]: one query per sequence over its cached tokens."""
         if not self.groups:
             return kernels.paged_attention(q, k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens)
-        # CPU: per group of rows with similar context, one batched call over the gathered blocks
-        # (padding masked out) instead of the reference's loop over sequences.
+        # CPU without the C kernel (no compiler, not fp32, or a sliding window): per group of rows with
+        # similar context, one batched call over the gathered blocks (padding masked out) instead of
+        # the reference's loop over sequences.
         out = torch.empty_like(q)  # [Sd, H, D]
         for g in self.groups:
             k = k_cache[g.tables].flatten(1, 2).transpose(1, 2)  # [G, KVH, MB*bs, D]

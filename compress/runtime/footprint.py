@@ -4,7 +4,7 @@ Counted from the tensors themselves (parameters and buffers; a tied weight once)
 formula. A step reads every weight once, except an untied embedding table, of which it reads
 only the rows of its tokens (left out here); a tied table is read whole by the lm_head. On CPU
 the engine replaces int4/int3 PackedLinears by dense Linears at start
-(`model_runner.dense_packed_linears`), so what the CPU path reads is the dense size; `stored`
+(`model_runner.cpu_linears`), so what the CPU path reads is the dense size; `stored`
 is the checkpoint as loaded before that swap, which is what the CUDA path keeps and reads.
 """
 

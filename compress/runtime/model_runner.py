@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from compress.errors import UserError
+from compress.kernels import linear_cpu, paged_attention_cpu
 from compress.model.decoder import Decoder
 from compress.quant.linear import PackedLinear
 from compress.roofline import kv_bytes_per_token
@@ -16,22 +17,33 @@ from compress.runtime.config import EngineConfig
 from compress.runtime.scheduler import ScheduledBatch
 
 
-def dense_packed_linears(model: nn.Module) -> int:
-    """Swap every int4/int3 PackedLinear for a plain Linear holding its dequantized weight; returns how many.
+class FewRowLinear(nn.Linear):
+    """nn.Linear whose decode-sized fp32 CPU inputs (at most linear_cpu.MAX_ROWS rows) run the C kernel."""
 
-    On CPU a PackedLinear unpacks its weight on every forward (the reference path computes
-    x @ dequant(W)^T), which would dominate decode. The runtime pays that once at start
-    instead: same math, same outputs, at the memory cost of a dense weight.
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if linear_cpu.supports(x, self.weight):
+            return linear_cpu.linear(x, self.weight, self.bias)
+        return super().forward(x)
+
+
+def cpu_linears(model: nn.Module) -> int:
+    """Swap every Linear and int4/int3 PackedLinear for a FewRowLinear; returns how many were packed.
+
+    A PackedLinear on CPU would unpack its weight on every forward (the reference path computes
+    x @ dequant(W)^T), which would dominate decode; the runtime dequantizes it once at start
+    instead: same math, same outputs, at the memory cost of a dense weight. Plain Linears keep
+    their parameters (tied embeddings stay tied).
     """
-    swaps = [(name, m) for name, m in model.named_modules() if isinstance(m, PackedLinear)]
+    swaps = [(name, m) for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]
     for name, m in swaps:
         parent, _, attr = name.rpartition(".")
-        dense = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, dtype=m.weight_scale.dtype)
-        dense.weight.data = m.dequantized()
+        new = FewRowLinear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
+        packed = isinstance(m, PackedLinear)
+        new.weight = nn.Parameter(m.dequantized(), requires_grad=False) if packed else m.weight
         if m.bias is not None:
-            dense.bias.data = m.bias.data
-        setattr(model.get_submodule(parent), attr, dense)
-    return len(swaps)
+            new.bias = nn.Parameter(m.bias.data, requires_grad=False) if packed else m.bias
+        setattr(model.get_submodule(parent), attr, new)
+    return sum(isinstance(m, PackedLinear) for _, m in swaps)
 
 
 def kv_block_bytes(cfg, block_size: int, dtype: torch.dtype) -> int:
@@ -49,7 +61,7 @@ class ModelRunner:
     def __init__(self, model: Decoder, config: EngineConfig, max_model_len: int):
         self.config, self.device = config, torch.device(config.device)
         self.model = model.to(self.device).eval()
-        if self.device.type == "cpu" and dense_packed_linears(self.model):
+        if self.device.type == "cpu" and cpu_linears(self.model):
             print("runtime: int4/int3 weights dequantized once for the CPU path", file=sys.stderr)
         cfg = model.cfg
         self.block_size = config.block_size
@@ -60,6 +72,9 @@ class ModelRunner:
         )
         mib = self.kv.numel() * self.kv.element_size() / 2**20
         print(f"runtime: KV cache {self.num_blocks} blocks x {self.block_size} tokens ({mib:.1f} MiB)", file=sys.stderr)
+        if self.device.type == "cpu":  # builds the C kernel now, not inside the first request's step
+            how = "the C kernel" if paged_attention_cpu.supports(self.kv) else "torch ops (no working C compiler, or not fp32)"
+            print(f"runtime: decode attention runs {how}", file=sys.stderr)
 
     def block_bytes(self) -> int:
         return kv_block_bytes(self.model.cfg, self.block_size, self.config.torch_dtype)

@@ -5,7 +5,7 @@ import importlib
 import torch
 
 import compress.kernels as kernels
-from compress.kernels import reference
+from compress.kernels import paged_attention_cpu, reference
 
 OPS = ["dequant_matmul", "dequantize_packed", "int8_outlier_matmul", "fp8_matmul", "paged_attention"]
 
@@ -17,7 +17,16 @@ def test_ops_are_functions_even_after_importing_their_kernel_modules():
 
 
 def test_cpu_tensors_take_the_reference_path():
-    q = torch.randn(2, 4, 16)  # [S, H, D]
-    cache = torch.randn(4, 16, 2, 16)  # [blocks, block_size, KVH, D]
+    q = torch.randn(2, 4, 16, dtype=torch.float64)  # [S, H, D]; fp64: not the C kernel's dtype
+    cache = torch.randn(4, 16, 2, 16, dtype=torch.float64)  # [blocks, block_size, KVH, D]
     args = (q, cache, cache, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([20, 7], dtype=torch.int32))
     assert torch.equal(kernels.paged_attention(*args), reference.paged_attention(*args))
+
+
+def test_fp32_cpu_attention_takes_the_c_kernel_where_it_builds(monkeypatch):
+    q, cache = torch.randn(2, 4, 16), torch.randn(4, 16, 2, 16)
+    args = (q, cache, cache, torch.tensor([[0, 1], [2, 3]], dtype=torch.int32), torch.tensor([20, 7], dtype=torch.int32))
+    calls = []
+    monkeypatch.setattr(paged_attention_cpu, "paged_attention", lambda *a: calls.append(a) or reference.paged_attention(*a))
+    kernels.paged_attention(*args)
+    assert len(calls) == (paged_attention_cpu.load() is not None)

@@ -9,7 +9,8 @@ from compress.quant.config import QuantConfig
 from compress.quant.export import write_quantized
 from compress.quant.linear import PackedLinear
 from compress.runtime import SamplingParams
-from compress.runtime.model_runner import dense_packed_linears
+from compress.kernels import linear_cpu
+from compress.runtime.model_runner import FewRowLinear, cpu_linears
 from tests.conftest import save_hf, tiny_hf
 from tests.runtime.conftest import make_llm, random_prompts
 
@@ -37,10 +38,26 @@ def test_dense_swap_gives_identical_logits(tmp_path, smollm2_dir):
     ids = torch.randint(0, 256, (2, 9))
     with torch.no_grad():
         before = model(ids)
-        assert dense_packed_linears(model) == 2 * 7
+        assert cpu_linears(model) == 2 * 7
         after = model(ids)
     assert not any(isinstance(m, PackedLinear) for m in model.modules())
     assert torch.equal(before, after)
+
+
+def test_plain_linears_keep_their_weights_and_few_rows_run_the_kernel(tiny_dir, monkeypatch):
+    model = load_model(tiny_dir)
+    ids = torch.randint(0, 256, (1, 1))  # one decode row
+    weights = {name: p for name, p in model.named_parameters()}
+    with torch.no_grad():
+        before = model(ids)
+        assert cpu_linears(model) == 0
+        calls = []
+        monkeypatch.setattr(linear_cpu, "linear", lambda *a: calls.append(a) or torch.nn.functional.linear(*a))
+        after = model(ids)
+    assert all(isinstance(m, FewRowLinear) for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert {name: p for name, p in model.named_parameters()} == weights  # the same tensors, ties kept
+    assert len(calls) == (2 * 7 + 1 if linear_cpu.load() is not None else 0)  # every Linear and the lm_head
+    torch.testing.assert_close(before, after, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("method", ["rtn", "fp8"])

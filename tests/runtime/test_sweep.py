@@ -31,7 +31,7 @@ def test_footprint_is_a_hand_count(tiny_dir):
 def test_int4_is_counted_packed_as_stored_and_dense_as_the_cpu_path_reads_it(tiny_int4_dir):
     fp = footprint(LLM(tiny_int4_dir, kv_cache_memory=1 << 20), tiny_int4_dir)
     assert fp.stored == 4 * (V * C + L * 2 * C + C) + L * sum(packed_bytes(o, i) for o, i in LINEARS)
-    assert fp.read == dense_step_bytes()  # dequantized once at engine start (model_runner.dense_packed_linears)
+    assert fp.read == dense_step_bytes()  # dequantized once at engine start (model_runner.cpu_linears)
     assert fp.step_bytes(2, 10, stored=True) == fp.stored + 2 * 10 * fp.kv_per_token
 
 

@@ -1,0 +1,154 @@
+"""Decode attention over a paged KV cache on CPU: a small C kernel built by ``cpu_build``. Imports
+only torch and the standard library.
+
+Same contract as kernels/paged_attention.py (docs/kernels.md), fp32 only. Why C: torch ops can only
+gather each row's blocks into a padded copy and then attend over the copy, so every K/V byte is read,
+written and read again; this kernel reads each row's K/V once, in place, block by block (one
+thread per sequence). Where it cannot be built, ``load()`` returns None and the caller takes the
+torch path.
+"""
+
+import ctypes
+import functools
+
+import torch
+
+from compress.kernels import cpu_build
+
+SOURCE = r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* e^x for x <= 0 in a form compilers vectorize: 2^n * 2^f, f in [-1/2, 1/2], degree-6 Taylor
+   (relative error ~1e-7); libm's expf is a call per element. */
+static inline float exp_neg(float x) {
+    float z = (x < -87.f ? -87.f : x) * 1.44269504f;
+    int32_t n = (int32_t)(z - 0.5f);
+    float f = (z - (float)n) * 0.69314718f, p = 1.3888889e-3f;
+    p = p * f + 8.3333333e-3f;
+    p = p * f + 4.1666667e-2f;
+    p = p * f + 1.6666667e-1f;
+    p = p * f + 0.5f;
+    p = p * f + 1.f;
+    p = p * f + 1.f;
+    union { float f; int32_t i; } u = { p };
+    u.i += n << 23;
+    return u.f;
+}
+
+/* One sequence: n tokens, query heads h read KV head h / rep. sc: [H, n] scratch. */
+static inline __attribute__((always_inline)) void attend(
+        const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
+        int H, int KVH, const int D, int BS, float scale, float *sc) {
+    const int rep = H / KVH;
+    for (int t = 0; t < n; t++) {
+        const float *kt = kc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
+        for (int h = 0; h < H; h++) {
+            const float *k = kt + (h / rep) * D, *qh = q + h * D;
+            float acc = 0.f;
+            for (int d = 0; d < D; d++) acc += qh[d] * k[d];
+            sc[h * n + t] = acc * scale;
+        }
+    }
+    for (int h = 0; h < H; h++) {
+        float *row = sc + h * n, m = row[0], sum = 0.f;
+        for (int t = 1; t < n; t++) m = row[t] > m ? row[t] : m;
+        for (int t = 0; t < n; t++) { row[t] = exp_neg(row[t] - m); sum += row[t]; }
+        for (int t = 0; t < n; t++) row[t] /= sum;
+    }
+    memset(out, 0, sizeof(float) * H * D);
+    for (int t = 0; t < n; t++) {
+        const float *vt = vc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
+        for (int h = 0; h < H; h++) {
+            const float *v = vt + (h / rep) * D;
+            float p = sc[h * n + t], *o = out + h * D;
+            for (int d = 0; d < D; d++) o[d] += p * v[d];
+        }
+    }
+}
+
+typedef void row_fn(const float *, const float *, const float *, const int32_t *, int, float *, int, int, int, int,
+                    float, float *);
+
+/* The common head sizes get their own copy with D known at compile time (fully unrolled loops). */
+static void attend_64(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
+                      int H, int KVH, int D, int BS, float scale, float *sc) {
+    attend(q, kc, vc, tab, n, out, H, KVH, 64, BS, scale, sc);
+}
+static void attend_128(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
+                       int H, int KVH, int D, int BS, float scale, float *sc) {
+    attend(q, kc, vc, tab, n, out, H, KVH, 128, BS, scale, sc);
+}
+static void attend_any(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
+                       int H, int KVH, int D, int BS, float scale, float *sc) {
+    attend(q, kc, vc, tab, n, out, H, KVH, D, BS, scale, sc);
+}
+
+int paged_attention(const float *q, const float *kc, const float *vc, const int32_t *tables,
+                    const int32_t *lens, float *out, int S, int H, int KVH, int D, int BS, int MB,
+                    float scale, int threads) {
+    row_fn *row = D == 64 ? attend_64 : D == 128 ? attend_128 : attend_any;
+    int failed = 0;
+#pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+    for (int s = 0; s < S; s++) {
+        float *sc = malloc(sizeof(float) * (size_t)H * lens[s]);
+        if (!sc) { failed = 1; continue; }
+        row(q + (size_t)s * H * D, kc, vc, tables + (size_t)s * MB, lens[s], out + (size_t)s * H * D,
+            H, KVH, D, BS, scale, sc);
+        free(sc);
+    }
+    return failed;
+}
+"""
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
+    lib = cpu_build.load("paged_attention", SOURCE)
+    if lib is None:
+        return None
+    lib.paged_attention.argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+    lib.paged_attention.restype = ctypes.c_int
+    return lib
+
+
+def supports(t: torch.Tensor) -> bool:
+    """Whether attention over fp32 CPU tensors like ``t`` (q or the KV cache) runs this kernel."""
+    return t.device.type == "cpu" and t.dtype == torch.float32 and load() is not None
+
+
+def _check(q, k_cache, v_cache, block_tables, context_lens) -> None:
+    seqs, heads, dim = q.shape
+    num_blocks, block_size, kv_heads, _ = k_cache.shape
+    if any(t.dtype != torch.float32 for t in (q, k_cache, v_cache)):
+        raise ValueError("q, k_cache and v_cache must be torch.float32")
+    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
+        raise ValueError("block_tables and context_lens must be torch.int32")
+    if tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[3] != dim or heads % kv_heads:
+        raise ValueError(f"caches must be [blocks, block_size, KVH, {dim}] with heads a multiple of KVH, got {list(k_cache.shape)}")
+    if block_tables.shape[0] != seqs or tuple(context_lens.shape) != (seqs,):
+        raise ValueError(f"block_tables [S, MB] and context_lens [S] must have S = {seqs} rows")
+    # The C code trusts these bounds: a bad table would read outside the cache.
+    if seqs and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * block_size):
+        raise ValueError("context_lens must be in [1, block_tables.shape[1] * block_size]")
+    if block_tables.numel() and (int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
+        raise ValueError(f"block_tables entries must be block ids in [0, {num_blocks})")
+
+
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None) -> torch.Tensor:
+    """[S, H, D]: softmax(q k^T * scale) v over each sequence's cached tokens, read in place."""
+    _check(q, k_cache, v_cache, block_tables, context_lens)
+    q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
+    block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
+    seqs, heads, dim = q.shape
+    out = torch.empty_like(q)
+    failed = load().paged_attention(
+        q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
+        out.data_ptr(), seqs, heads, k_cache.shape[2], dim, k_cache.shape[1], block_tables.shape[1],
+        dim**-0.5 if scale is None else scale, torch.get_num_threads(),
+    )
+    if failed:
+        raise MemoryError("paged_attention: out of memory for the attention scores")
+    return out
