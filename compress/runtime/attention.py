@@ -152,7 +152,10 @@ class PagedAttention:
             mask = j <= i  # [n, ctx]
             if self.window is not None:
                 mask &= i - j < self.window
+        # 4-D operands: torch's CPU flash kernel takes only those (3-D ones fall back to the math
+        # path, 2-3x slower here, materializing the whole score matrix).
         out = F.scaled_dot_product_attention(
-            q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=mask, is_causal=causal, enable_gqa=True
-        )  # [H, n, D]
-        return out.transpose(0, 1)
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, is_causal=causal,
+            enable_gqa=True,
+        )  # [1, H, n, D]
+        return out[0].transpose(0, 1)
