@@ -37,12 +37,21 @@ static inline float exp_neg(float x) {
     return u.f;
 }
 
+/* The slot of token t + 16 (its cache lines): a sequence's blocks lie anywhere in the pool, so the
+   hardware prefetcher stalls at every block boundary; fetching a block ahead hides most of that. */
+static inline void prefetch_slot(const float *cache, const int32_t *tab, int t, int n, int BS, int row) {
+    if (t + 16 >= n) return;
+    const char *p = (const char *)(cache + ((size_t)tab[(t + 16) / BS] * BS + (t + 16) % BS) * row);
+    for (int i = 0; i < row * (int)sizeof(float); i += 64) __builtin_prefetch(p + i);
+}
+
 /* One sequence: n tokens, query heads h read KV head h / rep. sc: [H, n] scratch. */
 static inline __attribute__((always_inline)) void attend(
         const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
         int H, int KVH, const int D, int BS, float scale, float *sc) {
     const int rep = H / KVH;
     for (int t = 0; t < n; t++) {
+        prefetch_slot(kc, tab, t, n, BS, KVH * D);
         const float *kt = kc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
         for (int h = 0; h < H; h++) {
             const float *k = kt + (h / rep) * D, *qh = q + h * D;
@@ -59,6 +68,7 @@ static inline __attribute__((always_inline)) void attend(
     }
     memset(out, 0, sizeof(float) * H * D);
     for (int t = 0; t < n; t++) {
+        prefetch_slot(vc, tab, t, n, BS, KVH * D);
         const float *vt = vc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
         for (int h = 0; h < H; h++) {
             const float *v = vt + (h / rep) * D;

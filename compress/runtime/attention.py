@@ -89,10 +89,11 @@ class AttentionMetadata:
 class PagedAttention:
     """backend(layer, q [1, N, H, D], k, v [1, N, KVH, D]) -> [1, N, H, D] over the paged cache ``kv``."""
 
-    def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None):
+    def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None, cpu_kernel: bool = True):
+        """cpu_kernel=False: CPU decodes take the torch path even where the C kernel builds."""
         self.kv = kv  # [2, L, num_blocks, block_size, KVH, D]
         self.meta, self.window = meta, sliding_window
-        use_kernel = sliding_window is None and (kv.is_cuda or paged_attention_cpu.supports(kv))
+        use_kernel = sliding_window is None and (kv.is_cuda or (cpu_kernel and paged_attention_cpu.supports(kv)))
         self.groups = [] if use_kernel or not meta.decode_rows.numel() else self._decode_groups(kv.shape[3])
 
     def _decode_groups(self, block_size: int) -> list[DecodeGroup]:

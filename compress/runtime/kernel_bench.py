@@ -1,0 +1,86 @@
+"""The CPU kernels against the torch paths they replace, on SmolLM2-135M's shapes, in one run.
+
+    OMP_NUM_THREADS=1 python -m compress.runtime.kernel_bench [--repeats 5]
+
+Decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens (the mixed
+workload's busiest step), their blocks scattered over the pool as after a while of serving, 30
+layers: ``PagedAttention`` with the C kernel vs its torch path (grouped gather + SDPA). Linears:
+one decode step's 210 Linears and the lm_head at 1, 2, 4 and 8 rows: ``FewRowLinear`` (the C
+kernel) vs torch's GEMM. Times are the fastest of ``--repeats`` (ms per step); the ratio is
+torch / C.
+"""
+
+import argparse
+import random
+import time
+
+import torch
+import torch.nn.functional as F
+
+from compress.kernels import linear_cpu, paged_attention_cpu
+from compress.runtime.attention import AttentionMetadata, PagedAttention
+
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, MLP, VOCAB = 30, 9, 3, 64, 576, 1536, 49152
+LINEARS = [(HIDDEN, HIDDEN), (KV_HEADS * HEAD_DIM, HIDDEN), (KV_HEADS * HEAD_DIM, HIDDEN), (HIDDEN, HIDDEN),
+           (MLP, HIDDEN), (MLP, HIDDEN), (HIDDEN, MLP)]  # q, k, v, o, gate, up, down: [out, in]
+BLOCK = 16
+
+
+def fastest(fn, repeats: int) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times) * 1e3
+
+
+def attention_step(repeats: int, seqs: int = 64, layers: int = LAYERS) -> tuple[float, float, int]:
+    """ms per decode step over `layers` layers, torch path and C kernel, and the step's KV tokens."""
+    rng = random.Random(0)
+    contexts = [rng.randint(16, 768) for _ in range(seqs)]
+    pool = 2 * sum(-(-c // BLOCK) for c in contexts)  # half of it in use, scattered
+    kv = torch.randn(2, layers, pool, BLOCK, KV_HEADS, HEAD_DIM, generator=torch.Generator().manual_seed(0))
+    order = torch.randperm(pool, generator=torch.Generator().manual_seed(1)).tolist()
+    tables, used = [], 0
+    for c in contexts:
+        tables.append(order[used:used + -(-c // BLOCK)])
+        used += len(tables[-1])
+    meta = AttentionMetadata.build([c - 1 for c in contexts], [1] * seqs, tables, BLOCK, "cpu")
+    q, k, v = torch.randn(1, seqs, HEADS, HEAD_DIM), torch.randn(1, seqs, KV_HEADS, HEAD_DIM), torch.randn(1, seqs, KV_HEADS, HEAD_DIM)
+    ms = {}
+    for use_kernel in (False, True):
+        backend = PagedAttention(kv, meta, None, cpu_kernel=use_kernel)
+        ms[use_kernel] = fastest(lambda: [backend(layer, q, k, v) for layer in range(layers)], repeats)
+    return ms[False], ms[True], sum(contexts)
+
+
+def linear_step(rows: int, weights: list[torch.Tensor], repeats: int) -> tuple[float, float]:
+    """ms per decode step's matmuls at `rows` rows, torch GEMM and C kernel."""
+    x = {i: torch.randn(rows, i) for i in (HIDDEN, MLP)}
+    torch_ms = fastest(lambda: [F.linear(x[w.shape[1]], w) for w in weights], repeats)
+    c_ms = fastest(lambda: [linear_cpu.linear(x[w.shape[1]], w) for w in weights], repeats)
+    return torch_ms, c_ms
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args(argv)
+    if paged_attention_cpu.load() is None or linear_cpu.load() is None:
+        raise SystemExit("error: the CPU kernels do not build here (no working C compiler; set CC)")
+    print(f"{torch.get_num_threads()} threads, fastest of {args.repeats}")
+    print("| op | torch (ms) | C kernel (ms) | torch / C |\n|---|---:|---:|---:|")
+    torch_ms, c_ms, tokens = attention_step(args.repeats)
+    print(f"| decode attention, 64 seqs, {tokens} KV tokens, {LAYERS} layers | {torch_ms:.1f} | {c_ms:.1f} | {torch_ms / c_ms:.2f}x |")
+    gen = torch.Generator().manual_seed(2)
+    weights = [torch.randn(o, i, generator=gen) for _ in range(LAYERS) for o, i in LINEARS]
+    weights.append(torch.randn(VOCAB, HIDDEN, generator=gen))  # the lm_head
+    for rows in (1, 2, 4, linear_cpu.MAX_ROWS):
+        torch_ms, c_ms = linear_step(rows, weights, args.repeats)
+        print(f"| {len(weights) - 1} Linears + lm_head, {rows} row{'s' if rows > 1 else ''} | {torch_ms:.1f} | {c_ms:.1f} | {torch_ms / c_ms:.2f}x |")
+
+
+if __name__ == "__main__":
+    main()

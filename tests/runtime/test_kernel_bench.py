@@ -1,0 +1,24 @@
+"""The CPU kernel benchmark runs end to end on small sizes and times both paths."""
+
+import pytest
+
+from compress.kernels import linear_cpu, paged_attention_cpu
+from compress.runtime import kernel_bench
+
+pytestmark = pytest.mark.skipif(paged_attention_cpu.load() is None or linear_cpu.load() is None, reason="no C compiler")
+
+
+def test_both_paths_are_timed_on_the_same_step():
+    torch_ms, c_ms, tokens = kernel_bench.attention_step(repeats=1, seqs=3, layers=2)
+    assert torch_ms > 0 and c_ms > 0
+    assert 3 * 16 <= tokens <= 3 * 768
+
+
+def test_table_has_a_row_per_op(capsys, monkeypatch):
+    monkeypatch.setattr(kernel_bench, "attention_step", lambda repeats: (2.0, 1.0, 123))
+    monkeypatch.setattr(kernel_bench, "LAYERS", 1)
+    monkeypatch.setattr(kernel_bench, "VOCAB", 64)
+    kernel_bench.main(["--repeats", "1"])
+    out = capsys.readouterr().out
+    assert "| decode attention, 64 seqs, 123 KV tokens, 1 layers | 2.0 | 1.0 | 2.00x |" in out
+    assert sum(line.startswith("| 7 Linears + lm_head") for line in out.splitlines()) == 4
