@@ -2,10 +2,12 @@
 code that serves it.
 
 Tokenization is lm-eval's own (TemplateLM._encode_pair, and HFLM's tok_encode rules for BOS), so
-the prompts and token ids equal those of `--backend hf`. A (context, continuation) pair becomes
-one engine request whose prompt is both and whose continuation tokens are scored through prompt
-logprobs. The first request of each context is run before its siblings, so that the siblings find
-the context's full KV blocks in the prefix cache; few-shot prefixes are shared the same way.
+the prompts and token ids equal those of `--backend hf`. The one-token continuations of a context
+(a multiple-choice question's answers) are one request for the context, scored at the row after it.
+Any other (context, continuation) pair becomes one engine request whose prompt is both and whose
+continuation tokens are scored through prompt logprobs; the first request of each context is run
+before its siblings, so that the siblings find the context's KV blocks in the prefix cache.
+Few-shot prefixes are shared through the prefix cache either way.
 """
 
 from collections import deque
@@ -79,30 +81,52 @@ class CompressLM(TemplateLM):
         return results
 
     def _score(self, items: list[tuple[list[int], int]], labels: list[int]):
-        """Yield (label, (logprob, is_greedy)) as requests finish; leaders of a context go before its siblings."""
+        """Yield (label, (logprob, is_greedy)) as requests finish.
+
+        The continuations of one context that are all a single token (a multiple-choice question's
+        " A".." D") are one request for the context, scored at the row after it (SamplingParams.
+        logprob_token_ids): the context is computed once, as HFLM's logits cache does. Otherwise each
+        pair is a request, and the first of each context runs before its siblings."""
         by_context: dict[tuple[int, ...], list[int]] = {}
         for j, (whole, start) in enumerate(items):
             by_context.setdefault(tuple(whole[:start]), []).append(j)
-        pending, active = deque(by_context.values()), {}  # request id -> (seq, item index, siblings)
+        pending = deque(by_context.items())
+        active = {}  # request id -> (seq, items it scores, siblings to submit when it finishes)
         while pending or active:
             while pending and len(active) < MAX_ACTIVE_CONTEXTS:
-                leader, *siblings = pending.popleft()
-                self._submit(active, items, leader, siblings)
+                context, members = pending.popleft()
+                if context and all(len(items[j][0]) == len(context) + 1 for j in members):
+                    self._submit_choices(active, context, [items[j][0][-1] for j in members], members)
+                else:
+                    self._submit(active, items, members[0], members[1:])
             for out in self.llm.step():
                 if not out.finished:
                     continue
-                seq, j, siblings = active.pop(out.request_id)
+                seq, members, siblings = active.pop(out.request_id)
                 for s in siblings:
                     self._submit(active, items, s, [])
-                scored = seq.prompt_logprobs[items[j][1]:]
-                yield labels[j], (sum(e.logprob for e in scored), all(e.top[0][0] == e.token_id for e in scored))
+                if seq.params.logprob_token_ids:
+                    entry = seq.logprobs[0]
+                    for j, token, logprob in zip(members, seq.params.logprob_token_ids, entry.requested):
+                        yield labels[j], (logprob, entry.top[0][0] == token)
+                else:
+                    [j] = members
+                    scored = seq.prompt_logprobs[items[j][1]:]
+                    yield labels[j], (sum(e.logprob for e in scored), all(e.top[0][0] == e.token_id for e in scored))
 
     def _submit(self, active: dict, items, j: int, siblings: list[int]) -> None:
         whole, start = items[j]
         params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, prompt_logprobs=1, score_from=start)
-        seq = self.llm.make_sequence(whole, params)
+        self._enqueue(active, whole, params, [j], siblings)
+
+    def _submit_choices(self, active: dict, context: tuple[int, ...], tokens: list[int], members: list[int]) -> None:
+        params = SamplingParams(max_tokens=1, temperature=0, ignore_eos=True, logprobs=1, logprob_token_ids=tuple(tokens))
+        self._enqueue(active, list(context), params, members, [])
+
+    def _enqueue(self, active: dict, prompt: list[int], params: SamplingParams, members: list[int], siblings: list[int]) -> None:
+        seq = self.llm.make_sequence(prompt, params)
         self.llm.enqueue(seq)
-        active[seq.id] = (seq, j, siblings)
+        active[seq.id] = (seq, members, siblings)
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
         totals = []

@@ -115,7 +115,7 @@ class LLM:
         for seq, seq_logits, start in zip(sampling, rows, kept_from):
             if seq.params.logprobs is not None:
                 kept = seq.token_ids[start:]
-                seq.logprobs += token_logprobs(seq_logits[:len(kept)], kept, seq.params.logprobs)
+                seq.logprobs += token_logprobs(seq_logits[:len(kept)], kept, seq.params.logprobs, seq.params.logprob_token_ids)
 
     @staticmethod
     def _record_prompt_logprobs(batch, prompt_logits: torch.Tensor) -> None:
@@ -159,6 +159,8 @@ class LLM:
             raise UserError("the prompt is empty")
         if not all(0 <= t < self.vocab_size for t in ids):
             raise UserError(f"prompt token ids must be in [0, {self.vocab_size})")
+        if not all(0 <= t < self.vocab_size for t in params.logprob_token_ids):
+            raise UserError(f"logprob_token_ids must be in [0, {self.vocab_size})")
         if len(ids) >= self.max_model_len:
             raise UserError(f"the prompt has {len(ids)} tokens; the model's context is {self.max_model_len} "
                             f"and at least one token must be left to generate")

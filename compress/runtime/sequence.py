@@ -22,12 +22,16 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     logprobs: int | None = None  # top alternatives reported per output token (None: no logprobs)
+    # with logprobs: also the logprobs of these ids at every output position (one request scores
+    # every one-token answer of a multiple-choice question)
+    logprob_token_ids: tuple[int, ...] = ()
     prompt_logprobs: int | None = None  # the same for the prompt tokens from position score_from on
     score_from: int = 1  # the prefix cache may serve the prompt up to position score_from - 2
 
     def __post_init__(self):
         self.stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
         self.stop_token_ids = tuple(self.stop_token_ids)
+        self.logprob_token_ids = tuple(self.logprob_token_ids)
         if self.max_tokens <= 0:
             raise UserError(f"max_tokens must be positive, got {self.max_tokens}")
         if self.temperature < 0:
@@ -40,6 +44,8 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
                 raise UserError(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
+        if self.logprob_token_ids and self.logprobs is None:
+            raise UserError("logprob_token_ids needs logprobs (the number of top alternatives, 0 for none)")
         if self.score_from < 1:
             raise UserError(f"score_from must be >= 1 (the first token has no logprob), got {self.score_from}")
         if any(not s for s in self.stop):

@@ -79,12 +79,42 @@ def test_scores_are_cached_so_an_interrupted_eval_resumes(data_dir, tiny_dir, mo
     assert again.loglikelihood(reqs, disable_tqdm=True) == first
 
 
-def test_siblings_share_the_context_blocks(data_dir, tiny_dir, monkeypatch, tmp_path):
+def test_one_token_answers_are_one_request_per_question(data_dir, tiny_dir, monkeypatch, tmp_path):
     from compress.eval.lm_backend import CompressLM
 
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path))
     lm = CompressLM(str(tiny_dir), cache=False)
-    reqs = requests("anatomy", 5, 2)  # 5-shot contexts: many full blocks, shared by the 4 choices and both questions
+    prompts = []
+    make = lm.llm.make_sequence
+    monkeypatch.setattr(lm.llm, "make_sequence", lambda ids, params: prompts.append(ids) or make(ids, params))
+    reqs = requests("anatomy", 1, 3)  # 3 questions x 4 answers " A".." D", one token each
+    scores = lm.loglikelihood(reqs, disable_tqdm=True)
+    assert len(prompts) == 3 and len(scores) == 12
+    # The same numbers as scoring each answer as its own request (the path multi-token continuations take).
+    single = CompressLM(str(tiny_dir), cache=False)
+    items = [(ctx + cont, len(ctx)) for ctx, cont in (single._encode_pair(*r.args) for r in reqs)]
+    assert all(len(whole) == start + 1 for whole, start in items)
+    for j, (whole, start) in enumerate(items):
+        single._submit(active := {}, items, j, [])
+        while active:
+            for out in single.llm.step():
+                if out.finished:
+                    seq = active.pop(out.request_id)[0]
+                    lp = seq.prompt_logprobs[start]
+                    assert scores[j][0] == pytest.approx(lp.logprob, abs=1e-5)
+                    assert scores[j][1] == (lp.top[0][0] == lp.token_id)
+
+
+def test_siblings_share_the_context_blocks(data_dir, tiny_dir, monkeypatch, tmp_path):
+    from dataclasses import replace
+
+    from compress.eval.lm_backend import CompressLM
+
+    monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path))
+    lm = CompressLM(str(tiny_dir), cache=False)
+    # 5-shot contexts (many full blocks, shared by the 4 choices and both questions), answers made
+    # several tokens long so that each is its own request
+    reqs = [replace(r, arguments=(r.args[0], r.args[1] + " is the answer")) for r in requests("anatomy", 5, 2)]
     lm.loglikelihood(reqs, disable_tqdm=True)
     blocks = lm.llm.blocks
     assert blocks.num_prefix_hits > 2 * blocks.num_allocated

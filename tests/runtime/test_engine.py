@@ -151,3 +151,25 @@ def test_logprobs_equal_transformers_across_chunked_prefill(tiny_dir, hf_tiny, p
         assert all(e.top[0][0] == e.token_id and len(e.top) == 3 for e in seq.logprobs)  # greedy: the top token
         assert all(len(e.top) == 1 for e in seq.prompt_logprobs[1:])
     assert llm.blocks.num_prefix_hits == 0
+
+
+def test_logprobs_of_requested_token_ids_equal_transformers(tiny_dir, hf_tiny, prompts):
+    import torch
+
+    llm = make_llm(tiny_dir)
+    asked = (5, 17, 5, 200)  # a repeated id is reported twice
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=0, logprob_token_ids=asked)
+    seq = llm.make_sequence(prompts[0], params)
+    llm.enqueue(seq)
+    while llm.has_unfinished():
+        llm.step()
+    with torch.no_grad():
+        ref = hf_tiny(torch.tensor([seq.token_ids])).logits[0].log_softmax(-1)  # [T, V]
+    assert len(seq.logprobs) == 3
+    for i, e in enumerate(seq.logprobs):
+        row = ref[len(prompts[0]) - 1 + i]
+        assert e.requested == pytest.approx([row[t].item() for t in asked], abs=1e-4)
+    with pytest.raises(UserError, match="logprob_token_ids needs logprobs"):
+        SamplingParams(logprob_token_ids=(1,))
+    with pytest.raises(UserError, match="logprob_token_ids must be in"):
+        llm.make_sequence(prompts[0], SamplingParams(logprobs=0, logprob_token_ids=(llm.vocab_size,)))
