@@ -22,6 +22,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32 == self.weight.dtype:  # the same numbers in one op: half the time of six at a decode row
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         dtype = x.dtype
         x = x.float()
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
