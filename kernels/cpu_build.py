@@ -59,3 +59,10 @@ def load(name: str, source: str) -> ctypes.CDLL | None:
     if not path.exists() and not _compile(cc, source, path):
         return None
     return ctypes.CDLL(str(path))
+
+
+def require(lib: ctypes.CDLL | None) -> ctypes.CDLL:
+    """``lib``, or a clear error where it could not be built (callers check ``supports`` first)."""
+    if lib is None:
+        raise RuntimeError("the CPU kernel cannot be built here (no working C compiler, or COMPRESS_CPU_KERNELS=0)")
+    return lib

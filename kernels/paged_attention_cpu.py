@@ -154,7 +154,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: floa
     block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
     seqs, heads, dim = q.shape
     out = torch.empty_like(q)
-    failed = load().paged_attention(
+    failed = cpu_build.require(load()).paged_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
         out.data_ptr(), seqs, heads, k_cache.shape[2], dim, k_cache.shape[1], block_tables.shape[1],
         dim**-0.5 if scale is None else scale, torch.get_num_threads(),

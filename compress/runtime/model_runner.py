@@ -73,7 +73,7 @@ class ModelRunner:
         mib = self.kv.numel() * self.kv.element_size() / 2**20
         print(f"runtime: KV cache {self.num_blocks} blocks x {self.block_size} tokens ({mib:.1f} MiB)", file=sys.stderr)
         if self.device.type == "cpu":  # builds the C kernel now, not inside the first request's step
-            how = "the C kernel" if paged_attention_cpu.supports(self.kv) else "torch ops (no working C compiler, or not fp32)"
+            how = "the C kernel" if paged_attention_cpu.supports(self.kv) else "torch ops (not fp32, COMPRESS_CPU_KERNELS=0, or no working C compiler: set CC)"
             print(f"runtime: decode attention runs {how}", file=sys.stderr)
 
     def block_bytes(self) -> int:

@@ -74,6 +74,8 @@ def test_builds_once_into_the_cache_and_leaves_no_temporary_files(fresh_build):
 def test_without_a_working_compiler_the_caller_falls_back(fresh_build, monkeypatch):
     monkeypatch.setenv("CC", "false")  # a "compiler" that always fails
     assert kernel.load() is None and not kernel.supports(torch.zeros(1))
+    with pytest.raises(RuntimeError, match="cannot be built"):
+        kernel.paged_attention(*operands([3], 4, 2, 16))
     assert not fresh_build.exists() or not any(fresh_build.iterdir())
     kernel.load.cache_clear()
     monkeypatch.delenv("CC")
