@@ -53,3 +53,26 @@ def dot_operands(dtype: torch.dtype) -> dict:
     if dtype == torch.float32 or (dtype == torch.bfloat16 and interpreting()):
         return {"DOT_DTYPE": tl.float32, "PRECISION": "ieee"}
     return {"DOT_DTYPE": tl.float16 if dtype == torch.float16 else tl.bfloat16, "PRECISION": "tf32"}
+
+
+def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens) -> None:
+    """The paged-attention contract of docs/kernels.md (shapes, dtypes), for every device's kernel."""
+    check_dtype("q", q, FLOAT_DTYPES)
+    if q.dim() != 3 or k_cache.dim() != 4:
+        raise ValueError(f"q must be [seqs, heads, head_dim] and k_cache [blocks, block_size, kv_heads, head_dim], "
+                         f"got {list(q.shape)} and {list(k_cache.shape)}")
+    seqs, heads, dim = q.shape
+    kv_heads = k_cache.shape[2]
+    if k_cache.shape[3] != dim or heads % kv_heads:
+        raise ValueError(f"k_cache {list(k_cache.shape)} does not fit q {list(q.shape)}: head_dim must match and "
+                         f"heads must be a multiple of kv_heads")
+    check_shape("v_cache", v_cache, tuple(k_cache.shape))
+    check_dtype("k_cache", k_cache, (q.dtype,))
+    check_dtype("v_cache", v_cache, (q.dtype,))
+    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
+        raise ValueError("k_cache and v_cache must be contiguous along head_dim")
+    check_dtype("block_tables", block_tables, (torch.int32,))
+    check_dtype("context_lens", context_lens, (torch.int32,))
+    if block_tables.dim() != 2 or block_tables.shape[0] != seqs:
+        raise ValueError(f"block_tables must be [{seqs}, max_blocks_per_seq], got {list(block_tables.shape)}")
+    check_shape("context_lens", context_lens, (seqs,))

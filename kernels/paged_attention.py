@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from compress.kernels.checks import FLOAT_DTYPES, check_device, check_dtype, check_shape, dot_operands, interpreting
+from compress.kernels.checks import check_device, check_paged_attention, dot_operands, interpreting
 
 
 @triton.jit
@@ -65,32 +65,10 @@ def _paged_attention_kernel(
     tl.store(o_ptr + q_ptrs, out.to(o_ptr.dtype.element_ty), mask=g_ok[:, None] & d_ok[None, :])
 
 
-def _check(q, k_cache, v_cache, block_tables, context_lens) -> None:
-    check_dtype("q", q, FLOAT_DTYPES)
-    if q.dim() != 3 or k_cache.dim() != 4:
-        raise ValueError(f"q must be [seqs, heads, head_dim] and k_cache [blocks, block_size, kv_heads, head_dim], "
-                         f"got {list(q.shape)} and {list(k_cache.shape)}")
-    seqs, heads, dim = q.shape
-    kv_heads = k_cache.shape[2]
-    if k_cache.shape[3] != dim or heads % kv_heads:
-        raise ValueError(f"k_cache {list(k_cache.shape)} does not fit q {list(q.shape)}: head_dim must match and "
-                         f"heads must be a multiple of kv_heads")
-    check_shape("v_cache", v_cache, tuple(k_cache.shape))
-    check_dtype("k_cache", k_cache, (q.dtype,))
-    check_dtype("v_cache", v_cache, (q.dtype,))
-    if k_cache.stride(-1) != 1 or v_cache.stride(-1) != 1:
-        raise ValueError("k_cache and v_cache must be contiguous along head_dim")
-    check_dtype("block_tables", block_tables, (torch.int32,))
-    check_dtype("context_lens", context_lens, (torch.int32,))
-    if block_tables.dim() != 2 or block_tables.shape[0] != seqs:
-        raise ValueError(f"block_tables must be [{seqs}, max_blocks_per_seq], got {list(block_tables.shape)}")
-    check_shape("context_lens", context_lens, (seqs,))
-    check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens)
-
-
 def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None) -> torch.Tensor:
     """[S, H, D] decode attention of q over each sequence's cached tokens; see the module docstring."""
-    _check(q, k_cache, v_cache, block_tables, context_lens)
+    check_paged_attention(q, k_cache, v_cache, block_tables, context_lens)
+    check_device(q=q, k_cache=k_cache, v_cache=v_cache, block_tables=block_tables, context_lens=context_lens)
     q, block_tables = q.contiguous(), block_tables.contiguous()
     seqs, heads, dim = q.shape
     kv_heads = k_cache.shape[2]

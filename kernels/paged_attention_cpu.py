@@ -14,6 +14,7 @@ import functools
 import torch
 
 from compress.kernels import cpu_build
+from compress.kernels.checks import check_paged_attention
 
 SOURCE = r"""
 #include <stdint.h>
@@ -130,18 +131,12 @@ def supports(t: torch.Tensor) -> bool:
 
 
 def _check(q, k_cache, v_cache, block_tables, context_lens) -> None:
-    seqs, heads, dim = q.shape
-    num_blocks, block_size, kv_heads, _ = k_cache.shape
-    if any(t.dtype != torch.float32 for t in (q, k_cache, v_cache)):
-        raise ValueError("q, k_cache and v_cache must be torch.float32")
-    if block_tables.dtype != torch.int32 or context_lens.dtype != torch.int32:
-        raise ValueError("block_tables and context_lens must be torch.int32")
-    if tuple(v_cache.shape) != tuple(k_cache.shape) or k_cache.shape[3] != dim or heads % kv_heads:
-        raise ValueError(f"caches must be [blocks, block_size, KVH, {dim}] with heads a multiple of KVH, got {list(k_cache.shape)}")
-    if block_tables.shape[0] != seqs or tuple(context_lens.shape) != (seqs,):
-        raise ValueError(f"block_tables [S, MB] and context_lens [S] must have S = {seqs} rows")
+    check_paged_attention(q, k_cache, v_cache, block_tables, context_lens)
+    if q.dtype != torch.float32:
+        raise ValueError(f"q, k_cache and v_cache must be torch.float32, got {q.dtype}")
     # The C code trusts these bounds: a bad table would read outside the cache.
-    if seqs and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * block_size):
+    block_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
+    if len(q) and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * block_size):
         raise ValueError("context_lens must be in [1, block_tables.shape[1] * block_size]")
     if block_tables.numel() and (int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
         raise ValueError(f"block_tables entries must be block ids in [0, {num_blocks})")

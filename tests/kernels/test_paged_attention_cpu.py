@@ -48,7 +48,7 @@ def test_rejects_inputs_that_would_read_outside_the_cache():
         kernel.paged_attention(q, k, v, tables.long(), lens)
     with pytest.raises(ValueError, match="float32"):
         kernel.paged_attention(q.double(), k, v, tables, lens)
-    with pytest.raises(ValueError, match="multiple of KVH"):
+    with pytest.raises(ValueError, match="multiple of kv_heads"):
         kernel.paged_attention(q[:, :3], k, v, tables, lens)
 
 
