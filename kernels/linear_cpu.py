@@ -77,8 +77,9 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         raise ValueError(f"at most {MAX_ROWS} rows, got {rows.shape[0]}")
     weight = weight.contiguous()
     y = torch.empty(rows.shape[0], out_features)  # [M, O]
-    cpu_build.require(load()).linear(rows.data_ptr(), weight.data_ptr(), y.data_ptr(), rows.shape[0], out_features, in_features,
-                  torch.get_num_threads())
+    cpu_build.require(load()).linear(
+        rows.data_ptr(), weight.data_ptr(), y.data_ptr(), rows.shape[0], out_features, in_features, torch.get_num_threads()
+    )
     if bias is not None:
         y += bias
     return y.view(*x.shape[:-1], out_features)
