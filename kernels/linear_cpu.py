@@ -1,11 +1,14 @@
-"""y = x W^T (+ b) for a few rows of x on CPU: a small C kernel built by ``cpu_build``. Imports only
-torch and the standard library.
+"""y = x W^T (+ b) on CPU, fp32, any number of rows: a small C GEMM built by ``cpu_build``, over a
+weight packed once into panels. Imports only torch and the standard library.
 
-Why: a decode step at batch 1-8 is a few rows times every weight of the model, bound by reading
-the weights. torch's fp32 GEMM reads them at about half the machine's bandwidth for such shapes
-(11 GB/s of ~23 on the 2-core CI machine, and slower at 2 rows than at 4); this kernel streams each
-weight once per call, 8 output rows at a time that stay in L1 while every x row passes over them
-(README, "Speed"). Beyond MAX_ROWS rows torch's GEMM is faster and callers use it.
+Why: torch's fp32 GEMM packs W^T on every call, which at the runtime's shapes (a few to a few
+hundred rows times SmolLM2's 576-1536-wide weights) is a large share of the call: it runs at
+35-75 GFLOP/s on one core of the CI machine, whose FMA units peak near 90, and reads weights at
+half the memory bandwidth at 1-8 rows. Here W is packed once (``pack``: 16 output rows
+interleaved, ``[ceil(O/16), I, 16]``) so that a 6-row x 16-column tile of y keeps its 12 vector
+accumulators in registers while one panel streams through in order; each thread takes whole
+panels (README, "Speed"; ``python -m compress.runtime.kernel_bench``). The source uses GCC/Clang
+vector extensions, so it builds for any target the compiler knows (AVX2, NEON, ...).
 """
 
 import ctypes
@@ -15,32 +18,49 @@ import torch
 
 from compress.kernels import cpu_build
 
-MAX_ROWS = 8
+PANEL = 16  # output rows per panel: two 8-float vectors
 
 SOURCE = r"""
 #include <stddef.h>
+#include <string.h>
 
-#define R 8  /* output rows per inner block: 8 accumulators, 8 weight streams */
+typedef float v8 __attribute__((vector_size(32)));
+typedef float v8u __attribute__((vector_size(32), aligned(4)));
 
-void linear(const float *x, const float *w, float *y, int M, int O, int I, int threads) {
+/* A tile of NR <= 6 rows of x times one panel: 2 * NR accumulators that never leave registers. */
+#define ACC(r) v8 a##r##0 = {0}, a##r##1 = {0};
+#define FMA(r) if (NR > r) { const float b = x[(size_t)(r) * I + i]; a##r##0 += b * w0; a##r##1 += b * w1; }
+#define STORE(r) if (NR > r) { *(v8u *)(y + (size_t)(r) * ys) = a##r##0; *(v8u *)(y + (size_t)(r) * ys + 8) = a##r##1; }
+#define TILE(ROWS) \
+static void tile##ROWS(const float *x, const float *p, float *y, int I, int ys) { \
+    enum { NR = ROWS }; \
+    ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5) \
+    for (int i = 0; i < I; i++) { \
+        const v8 w0 = *(const v8u *)(p + (size_t)i * 16), w1 = *(const v8u *)(p + (size_t)i * 16 + 8); \
+        FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) \
+    } \
+    STORE(0) STORE(1) STORE(2) STORE(3) STORE(4) STORE(5) \
+}
+TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
+
+typedef void (*tile_fn)(const float *, const float *, float *, int, int);
+static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+
+/* y [M, O] = x [M, I] @ W^T, p = W packed as [ceil(O / 16), I, 16], zero-padded. */
+void linear(const float *x, const float *p, float *y, int M, int O, int I, int threads) {
+    const int panels = (O + 15) / 16;
 #pragma omp parallel for num_threads(threads) schedule(static)
-    for (int o = 0; o < O; o += R) {
-        const int rows = O - o < R ? O - o : R;
-        const float *wo = w + (size_t)o * I;
-        for (int m = 0; m < M; m++) {
-            const float *xm = x + (size_t)m * I;
-            float *ym = y + (size_t)m * O + o;
-            if (rows == R) {
-                float a[R] = {0};
-                for (int i = 0; i < I; i++)
-                    for (int r = 0; r < R; r++) a[r] += xm[i] * wo[(size_t)r * I + i];
-                for (int r = 0; r < R; r++) ym[r] = a[r];
-            } else {
-                for (int r = 0; r < rows; r++) {
-                    float a = 0.f;
-                    for (int i = 0; i < I; i++) a += xm[i] * wo[(size_t)r * I + i];
-                    ym[r] = a;
-                }
+    for (int c = 0; c < panels; c++) {
+        const float *pc = p + (size_t)c * I * 16;
+        const int cols = O - c * 16 < 16 ? O - c * 16 : 16;
+        for (int m = 0; m < M; m += 6) {
+            const int rows = M - m < 6 ? M - m : 6;
+            if (cols == 16) {
+                TILES[rows](x + (size_t)m * I, pc, y + (size_t)m * O + c * 16, I, O);
+            } else {  /* the ragged last panel: through a scratch tile, so padding is never stored */
+                float t[6 * 16];
+                TILES[rows](x + (size_t)m * I, pc, t, I, 16);
+                for (int r = 0; r < rows; r++) memcpy(y + (size_t)(m + r) * O + c * 16, t + r * 16, cols * sizeof(float));
             }
         }
     }
@@ -59,26 +79,35 @@ def load() -> ctypes.CDLL | None:
     return lib
 
 
-def supports(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether x [..., I] @ weight^T runs this kernel: fp32 on CPU, at most MAX_ROWS rows."""
-    return (x.device.type == "cpu" and x.dtype == weight.dtype == torch.float32 and x.numel() <= MAX_ROWS * x.shape[-1]
-            and load() is not None)
+def supports(weight: torch.Tensor) -> bool:
+    """Whether a Linear with this weight can run here: fp32 on CPU, with the kernel built."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32 and load() is not None
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., O] = x [..., I] @ weight [O, I]^T (+ bias [O]), fp32."""
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """weight [O, I] -> panels [ceil(O/16), I, 16]: panel c, row i holds weight[16c:16c+16, i] (zeros past O)."""
+    if weight.dim() != 2 or weight.dtype != torch.float32:
+        raise ValueError(f"weight must be a 2-D torch.float32 matrix, got {weight.dtype} of shape {list(weight.shape)}")
     out_features, in_features = weight.shape
+    padded = weight.new_zeros(-(-out_features // PANEL) * PANEL, in_features)
+    padded[:out_features] = weight
+    return padded.view(-1, PANEL, in_features).transpose(1, 2).contiguous()
+
+
+def linear(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., O] = x [..., I] @ W [O, I]^T (+ bias [O]), fp32, with panels = pack(W)."""
+    if panels.dim() != 3 or panels.shape[0] != -(-out_features // PANEL) or panels.shape[2] != PANEL:
+        raise ValueError(f"panels of shape {list(panels.shape)} do not pack {out_features} output rows: use pack(weight)")
+    in_features = panels.shape[1]
     if x.shape[-1] != in_features:
         raise ValueError(f"x must end in {in_features} features, got shape {list(x.shape)}")
-    if x.dtype != torch.float32 or weight.dtype != torch.float32:
-        raise ValueError(f"x and weight must be torch.float32, got {x.dtype} and {weight.dtype}")
+    if x.dtype != torch.float32 or panels.dtype != torch.float32:
+        raise ValueError(f"x and panels must be torch.float32, got {x.dtype} and {panels.dtype}")
     rows = x.reshape(-1, in_features).contiguous()  # [M, I]
-    if rows.shape[0] > MAX_ROWS:
-        raise ValueError(f"at most {MAX_ROWS} rows, got {rows.shape[0]}")
-    weight = weight.contiguous()
+    panels = panels.contiguous()
     y = torch.empty(rows.shape[0], out_features)  # [M, O]
     cpu_build.require(load()).linear(
-        rows.data_ptr(), weight.data_ptr(), y.data_ptr(), rows.shape[0], out_features, in_features, torch.get_num_threads()
+        rows.data_ptr(), panels.data_ptr(), y.data_ptr(), rows.shape[0], out_features, in_features, torch.get_num_threads()
     )
     if bias is not None:
         y += bias

@@ -1,11 +1,12 @@
 """The bytes a decode step reads: the weights as the engine holds them, and the KV cache of each sequence.
 
 Counted from the tensors themselves (parameters and buffers; a tied weight once), not from a
-formula. A step reads every weight once, except an untied embedding table, of which it reads
-only the rows of its tokens (left out here); a tied table is read whole by the lm_head. On CPU
-the engine replaces int4/int3 PackedLinears by dense Linears at start
-(`model_runner.cpu_linears`), so what the CPU path reads is the dense size; `stored`
-is the checkpoint as loaded before that swap, which is what the CUDA path keeps and reads.
+formula. A step reads every weight once, except an embedding table the lm_head does not share,
+of which it reads only the rows of its tokens (left out here); a shared table is read whole by the
+lm_head. On CPU the engine holds every Linear packed in panels for its C GEMM, int4/int3
+PackedLinears dequantized (`model_runner.cpu_linears`; a tied lm_head gets panels of its own), so
+what the CPU path reads is the dense size; `stored` is the checkpoint as loaded before that swap,
+which is what the CUDA path keeps and reads.
 """
 
 from dataclasses import dataclass
@@ -34,9 +35,10 @@ def tensor_bytes(module: nn.Module) -> int:
 
 
 def step_weight_bytes(model: nn.Module) -> int:
-    """Weight bytes a decode step reads: all of them but an untied embedding table."""
-    untied = 0 if model.cfg.tie_word_embeddings else model.model.embed_tokens.weight.nbytes
-    return tensor_bytes(model) - untied
+    """Weight bytes a decode step reads: all of them but an embedding table the lm_head does not share."""
+    table = model.model.embed_tokens.weight
+    shared = getattr(model.lm_head, "weight", None) is table
+    return tensor_bytes(model) - (0 if shared else table.nbytes)
 
 
 def footprint(llm, model_dir: Path) -> Footprint:

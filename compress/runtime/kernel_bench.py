@@ -5,9 +5,9 @@
 Decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens (the mixed
 workload's busiest step), their blocks scattered over the pool as after a while of serving, 30
 layers: ``PagedAttention`` with the C kernel vs its torch path (grouped gather + SDPA). Linears:
-one decode step's 210 Linears and the lm_head at 1, 2, 4 and 8 rows: ``FewRowLinear`` (the C
-kernel) vs torch's GEMM. Times are the fastest of ``--repeats`` (ms per step); the ratio is
-torch / C.
+a step's 210 Linears and the lm_head at 1, 8, 16, 64 and 512 rows (batch-1 decode to a prompt
+chunk): ``linear_cpu`` (the C GEMM, weights packed once) vs torch's GEMM. Times are the fastest
+of ``--repeats`` (ms per step); the ratio is torch / C.
 """
 
 import argparse
@@ -56,11 +56,11 @@ def attention_step(repeats: int, seqs: int = 64, layers: int = LAYERS) -> tuple[
     return ms[False], ms[True], sum(contexts)
 
 
-def linear_step(rows: int, weights: list[torch.Tensor], repeats: int) -> tuple[float, float]:
-    """ms per decode step's matmuls at `rows` rows, torch GEMM and C kernel."""
+def linear_step(rows: int, weights: list[torch.Tensor], panels: list[torch.Tensor], repeats: int) -> tuple[float, float]:
+    """ms per step's matmuls at `rows` rows, torch GEMM and C GEMM."""
     x = {i: torch.randn(rows, i) for i in (HIDDEN, MLP)}
     torch_ms = fastest(lambda: [F.linear(x[w.shape[1]], w) for w in weights], repeats)
-    c_ms = fastest(lambda: [linear_cpu.linear(x[w.shape[1]], w) for w in weights], repeats)
+    c_ms = fastest(lambda: [linear_cpu.linear(x[w.shape[1]], p, w.shape[0]) for w, p in zip(weights, panels)], repeats)
     return torch_ms, c_ms
 
 
@@ -77,8 +77,9 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(2)
     weights = [torch.randn(o, i, generator=gen) for _ in range(LAYERS) for o, i in LINEARS]
     weights.append(torch.randn(VOCAB, HIDDEN, generator=gen))  # the lm_head
-    for rows in (1, 2, 4, linear_cpu.MAX_ROWS):
-        torch_ms, c_ms = linear_step(rows, weights, args.repeats)
+    panels = [linear_cpu.pack(w) for w in weights]
+    for rows in (1, 8, 16, 64, 512):
+        torch_ms, c_ms = linear_step(rows, weights, panels, args.repeats)
         print(f"| {len(weights) - 1} Linears + lm_head, {rows} row{'s' if rows > 1 else ''} | {torch_ms:.1f} | {c_ms:.1f} | {torch_ms / c_ms:.2f}x |")
 
 

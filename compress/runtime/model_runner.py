@@ -17,31 +17,41 @@ from compress.runtime.config import EngineConfig
 from compress.runtime.scheduler import ScheduledBatch
 
 
-class FewRowLinear(nn.Linear):
-    """nn.Linear whose decode-sized fp32 CPU inputs (at most linear_cpu.MAX_ROWS rows) run the C kernel."""
+class PanelLinear(nn.Module):
+    """A Linear whose fp32 weight is held packed for kernels/linear_cpu.py (the C GEMM), which runs every call."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.register_buffer("panels", linear_cpu.pack(weight))
+        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if linear_cpu.supports(x, self.weight):
-            return linear_cpu.linear(x, self.weight, self.bias)
-        return super().forward(x)
+        return linear_cpu.linear(x, self.panels, self.out_features, self.bias)
 
 
 def cpu_linears(model: nn.Module) -> int:
-    """Swap every Linear and int4/int3 PackedLinear for a FewRowLinear; returns how many were packed.
+    """Swap every Linear and int4/int3 PackedLinear for a PanelLinear; returns how many were packed.
 
     A PackedLinear on CPU would unpack its weight on every forward (the reference path computes
-    x @ dequant(W)^T), which would dominate decode; the runtime dequantizes it once at start
-    instead: same math, same outputs, at the memory cost of a dense weight. Plain Linears keep
-    their parameters (tied embeddings stay tied).
+    x @ dequant(W)^T), which would dominate decode; here it is dequantized once at start instead:
+    same math, at the memory cost of a dense weight. Where the C GEMM cannot run (no compiler,
+    not fp32) Linears stay as they are and PackedLinears become plain Linears of the dequantized
+    weight. A tied lm_head gets panels of its own; the embedding keeps the original.
     """
     swaps = [(name, m) for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]
     for name, m in swaps:
-        parent, _, attr = name.rpartition(".")
-        new = FewRowLinear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
         packed = isinstance(m, PackedLinear)
-        new.weight = nn.Parameter(m.dequantized(), requires_grad=False) if packed else m.weight
-        if m.bias is not None:
-            new.bias = nn.Parameter(m.bias.data, requires_grad=False) if packed else m.bias
+        weight = m.dequantized() if packed else m.weight.detach()
+        if linear_cpu.supports(weight):
+            new = PanelLinear(weight, m.bias)
+        elif packed:
+            new = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
+            new.weight = nn.Parameter(weight, requires_grad=False)
+            new.bias = None if m.bias is None else nn.Parameter(m.bias.detach(), requires_grad=False)
+        else:
+            continue
+        parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, new)
     return sum(isinstance(m, PackedLinear) for _, m in swaps)
 
@@ -73,8 +83,10 @@ class ModelRunner:
         mib = self.kv.numel() * self.kv.element_size() / 2**20
         print(f"runtime: KV cache {self.num_blocks} blocks x {self.block_size} tokens ({mib:.1f} MiB)", file=sys.stderr)
         if self.device.type == "cpu":  # builds the C kernel now, not inside the first request's step
-            how = "the C kernel" if paged_attention_cpu.supports(self.kv) else "torch ops (not fp32, COMPRESS_CPU_KERNELS=0, or no working C compiler: set CC)"
-            print(f"runtime: decode attention runs {how}", file=sys.stderr)
+            fallback = "torch ops (not fp32, COMPRESS_CPU_KERNELS=0, or no working C compiler: set CC)"
+            gemm = any(isinstance(m, PanelLinear) for m in self.model.modules())
+            print(f"runtime: matmuls run {'the C GEMM' if gemm else fallback}", file=sys.stderr)
+            print(f"runtime: decode attention runs {'the C kernel' if paged_attention_cpu.supports(self.kv) else fallback}", file=sys.stderr)
 
     def block_bytes(self) -> int:
         return kv_block_bytes(self.model.cfg, self.block_size, self.config.torch_dtype)

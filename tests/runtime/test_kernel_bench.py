@@ -21,4 +21,4 @@ def test_table_has_a_row_per_op(capsys, monkeypatch):
     kernel_bench.main(["--repeats", "1"])
     out = capsys.readouterr().out
     assert "| decode attention, 64 seqs, 123 KV tokens, 1 layers | 2.0 | 1.0 | 2.00x |" in out
-    assert sum(line.startswith("| 7 Linears + lm_head") for line in out.splitlines()) == 4
+    assert sum(line.startswith("| 7 Linears + lm_head") for line in out.splitlines()) == 5
