@@ -7,7 +7,8 @@ scores each subject with both backends back to back, the first backend alternati
 in the machine's speed falls on both; the time of a backend is the sum of its subjects' times (the
 models load once, outside them). With --state every finished (subject, backend) is appended to a
 JSON-lines file and a rerun of the same command skips it, so the full test set (hours on a CPU)
-can be run in pieces; the table covers the subjects both backends have finished.
+can be run in pieces (with the same thread count, which the state records); the table covers the
+subjects both backends have finished.
 """
 
 import json
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import click
+import torch
 
 from compress.errors import UserError
 from compress.models import resolve
@@ -28,8 +30,8 @@ def read_state(path: Path | None, config: dict) -> list[dict]:
         return []
     lines = path.read_text().splitlines()
     if not lines or json.loads(lines[0]) != {"config": config}:
-        raise UserError(f"{path} holds another run (model, few-shot, limit, batch or subjects differ): "
-                        "pass a new --state file")
+        raise UserError(f"{path} holds another run (model, few-shot, limit, batch, threads or subjects differ): "
+                        "rerun with its settings or pass a new --state file")
     rows = []
     for line in lines[1:]:
         try:
@@ -101,7 +103,8 @@ def main(model, num_fewshot, limit, subjects, hf_batch_size, state):
     if unknown:
         raise UserError(f"unknown MMLU subject {', '.join(unknown)}: see compress/eval/mmlu.py SUBJECTS")
     mmlu.mmlu_dir()
-    config = {"model": model, "num_fewshot": num_fewshot, "limit": limit, "hf_batch_size": hf_batch_size, "subjects": names}
+    config = {"model": model, "num_fewshot": num_fewshot, "limit": limit, "hf_batch_size": hf_batch_size,
+              "threads": torch.get_num_threads(), "subjects": names}
     rows = read_state(state, config)
     finished = {(r["subject"], r["backend"]) for r in rows}
     todo = [(i, s) for i, s in enumerate(names) if any((s, b) not in finished for b in (HF, OURS))]

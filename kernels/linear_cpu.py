@@ -1,14 +1,14 @@
 """y = x W^T (+ b) on CPU, fp32, any number of rows: a small C GEMM built by ``cpu_build``, over a
 weight packed once into panels. Imports only torch and the standard library.
 
-Why: torch's fp32 GEMM packs W^T on every call, which at the runtime's shapes (a few to a few
-hundred rows times SmolLM2's 576-1536-wide weights) is a large share of the call: it runs at
-35-75 GFLOP/s on one core of the CI machine, whose FMA units peak near 90, and reads weights at
-half the memory bandwidth at 1-8 rows. Here W is packed once (``pack``: 16 output rows
-interleaved, ``[ceil(O/16), I, 16]``) so that a 6-row x 16-column tile of y keeps its 12 vector
-accumulators in registers while one panel streams through in order; each thread takes whole
-panels (README, "Speed"; ``python -m compress.runtime.kernel_bench``). The source uses GCC/Clang
-vector extensions, so it builds for any target the compiler knows (AVX2, NEON, ...).
+Why: torch's fp32 GEMM repacks W^T on every call, which at the runtime's shapes (a few to a few
+hundred rows times SmolLM2's 576-1536-wide weights) is a large share of the call, and at 1-8 rows
+it reads the weights at about half the memory bandwidth. Here W is packed once (``pack``: 16
+output rows interleaved, ``[ceil(O/16), I, 16]``) so that a 6-row x 16-column tile of y keeps its
+12 vector accumulators in registers while one panel streams through in order; each OpenMP thread
+takes whole panels, so a second core helps at every row count (README "CPU kernels":
+``python -m compress.runtime.kernel_bench``). The source uses GCC/Clang vector extensions, so it
+builds for any target the compiler knows (AVX2, NEON, ...).
 """
 
 import ctypes
