@@ -25,20 +25,28 @@ HF, OURS = "hf", "compress"
 
 
 def read_state(path: Path | None, config: dict) -> list[dict]:
-    """Finished rows of an earlier run of the same config; a torn last line (a kill mid-write) is dropped."""
+    """Finished rows of an earlier run of the same config. A line torn by a kill mid-write is dropped
+    and the file rewritten without it, so that later rows are appended after whole lines."""
     if path is None or not path.exists():
         return []
     lines = path.read_text().splitlines()
-    if not lines or json.loads(lines[0]) != {"config": config}:
+    parsed = []
+    for line in lines:
+        try:
+            parsed.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    if not parsed:  # empty, or only a torn header: nothing was finished
+        path.unlink()
+        return []
+    if parsed[0] != {"config": config}:
         raise UserError(f"{path} holds another run (model, few-shot, limit, batch, threads or subjects differ): "
                         "rerun with its settings or pass a new --state file")
-    rows = []
-    for line in lines[1:]:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:
-            break
-    return rows
+    if len(parsed) < len(lines):
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text("".join(json.dumps(row) + "\n" for row in parsed))
+        tmp.replace(path)
+    return parsed[1:]
 
 
 def append_row(path: Path | None, config: dict, row: dict) -> None:
@@ -60,6 +68,8 @@ def table(rows: list[dict], model: str, num_fewshot: int, hf_name: str) -> str:
 
     done = {b: {r["subject"]: r for r in rows if r["backend"] == b} for b in (HF, OURS)}
     both = sorted(set(done[HF]) & set(done[OURS]))
+    if not both:
+        return "no subject has been scored by both backends yet"
     seconds = {b: sum(done[b][s]["seconds"] for s in both) for b in (HF, OURS)}
     results = {b: mmlu.summarize({s: done[b][s] for s in both}) for b in (HF, OURS)}
     names = {HF: hf_name, OURS: "compress"}
@@ -94,7 +104,8 @@ def make_backends(model_dir: Path, hf_batch_size: int) -> dict:
 @click.option("--hf-batch-size", type=int, default=16, show_default=True)
 @click.option("--state", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="JSON-lines file of finished subjects: a rerun resumes from it")
-def main(model, num_fewshot, limit, subjects, hf_batch_size, state):
+@click.option("--summary", is_flag=True, help="only print the table of what --state holds; score nothing")
+def main(model, num_fewshot, limit, subjects, hf_batch_size, state, summary):
     from compress.eval import mmlu
     from compress.eval.harness import run_mmlu
 
@@ -102,12 +113,14 @@ def main(model, num_fewshot, limit, subjects, hf_batch_size, state):
     unknown = [s for s in names if s not in mmlu.SUBJECTS]
     if unknown:
         raise UserError(f"unknown MMLU subject {', '.join(unknown)}: see compress/eval/mmlu.py SUBJECTS")
-    mmlu.mmlu_dir()
+    if summary and state is None:
+        raise UserError("--summary prints what a --state file holds: pass --state")
+    mmlu.mmlu_dir()  # a missing data dir fails here, in one line, before the models load
     config = {"model": model, "num_fewshot": num_fewshot, "limit": limit, "hf_batch_size": hf_batch_size,
               "threads": torch.get_num_threads(), "subjects": names}
     rows = read_state(state, config)
     finished = {(r["subject"], r["backend"]) for r in rows}
-    todo = [(i, s) for i, s in enumerate(names) if any((s, b) not in finished for b in (HF, OURS))]
+    todo = [] if summary else [(i, s) for i, s in enumerate(names) if any((s, b) not in finished for b in (HF, OURS))]
     backends = make_backends(resolve(model), hf_batch_size) if todo else {}
     for i, subject in todo:
         for backend in order(i):

@@ -103,9 +103,13 @@ def linear(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch
         raise ValueError(f"x must end in {in_features} features, got shape {list(x.shape)}")
     if x.dtype != torch.float32 or panels.dtype != torch.float32:
         raise ValueError(f"x and panels must be torch.float32, got {x.dtype} and {panels.dtype}")
+    if x.device.type != "cpu" or panels.device.type != "cpu":
+        raise ValueError(f"x and panels must be on the CPU, got {x.device} and {panels.device}")
+    if bias is not None and bias.shape != (out_features,):
+        raise ValueError(f"bias must have shape [{out_features}], got {list(bias.shape)}")
     rows = x.reshape(-1, in_features).contiguous()  # [M, I]
     panels = panels.contiguous()
-    y = torch.empty(rows.shape[0], out_features)  # [M, O]
+    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)  # [M, O]
     cpu_build.require(load()).linear(
         rows.data_ptr(), panels.data_ptr(), y.data_ptr(), rows.shape[0], out_features, in_features, torch.get_num_threads()
     )

@@ -35,9 +35,31 @@ def test_both_backends_score_every_subject_and_a_rerun_resumes(data_dir, tiny_di
     calls = []
     monkeypatch.setattr("compress.eval.harness.run_mmlu", lambda lm, k, limit, subjects: calls.append((lm, subjects))
                         or {"subjects": {subjects[0]: rows[-1] | {"seconds": 0}}})
+    run(tiny_dir, state, "--summary")  # prints the table, scores nothing
+    assert calls == [] and "2 questions in 1 of 57 subjects" in capsys.readouterr().out
     run(tiny_dir, state)
     assert calls == [("HF", ["virology"])]
     assert "4 questions in 2 of 57 subjects" in capsys.readouterr().out
+    run(tiny_dir, state)  # the rewritten file holds whole lines only: nothing is scored again
+    assert calls == [("HF", ["virology"])]
+    assert [json.loads(line) for line in state.read_text().splitlines()[1:]][:3] == rows[:3]
+
+
+def test_an_empty_or_torn_header_state_file_starts_afresh(data_dir, tiny_dir, tmp_path, monkeypatch):
+    monkeypatch.setattr(backend_bench, "make_backends", lambda *a: {"hf": "HF", "compress": "OURS"})
+    monkeypatch.setattr("compress.eval.harness.run_mmlu", lambda lm, k, limit, subjects:
+                        {"subjects": {subjects[0]: {"acc": 0.5, "n": 2}}})
+    for text in ("", '{"conf'):
+        state = tmp_path / "bench.jsonl"
+        state.write_text(text)
+        run(tiny_dir, state)
+        assert len(state.read_text().splitlines()) == 1 + 4
+        state.unlink()
+
+
+def test_the_table_needs_a_subject_both_backends_finished():
+    assert backend_bench.table([{"subject": "anatomy", "backend": "hf", "seconds": 1.0, "acc": 0.5, "n": 2}],
+                               "m", 0, "hf") == "no subject has been scored by both backends yet"
 
 
 def test_a_state_file_of_another_run_is_refused(data_dir, tiny_dir, tmp_path):

@@ -58,6 +58,10 @@ def test_what_it_rejects():
         kernel.linear(torch.randn(2, 31), panels, 16)
     with pytest.raises(ValueError, match="float32"):
         kernel.linear(torch.randn(2, 32).double(), panels, 16)
+    with pytest.raises(ValueError, match=r"bias must have shape \[16\]"):
+        kernel.linear(torch.randn(2, 32), panels, 16, torch.randn(15))
+    with pytest.raises(ValueError, match="on the CPU"):
+        kernel.linear(torch.randn(2, 32, device="meta"), panels, 16)
     with pytest.raises(ValueError, match="2-D torch.float32"):
         kernel.pack(w.double())
     assert not kernel.supports(w.double())

@@ -68,9 +68,14 @@ def test_every_linear_runs_the_c_gemm_over_packed_panels(tiny_dir, monkeypatch):
 
 def test_without_the_kernel_packed_linears_become_dense_linears(tmp_path, smollm2_dir, monkeypatch):
     model = load_model(quantized_dir(tmp_path, smollm2_dir, "rtn"))
+    ids = torch.randint(0, 256, (2, 9))
     monkeypatch.setattr(linear_cpu, "supports", lambda weight: False)
-    assert cpu_linears(model) == 2 * 7
+    with torch.no_grad():
+        before = model(ids)
+        assert cpu_linears(model) == 2 * 7
+        after = model(ids)
     assert all(type(m) is torch.nn.Linear for m in model.modules() if isinstance(m, (torch.nn.Linear, PackedLinear)))
+    assert torch.equal(before, after)  # the reference path computes x @ dequant(W)^T: the same op
 
 
 @pytest.mark.parametrize("method", ["rtn", "fp8"])
