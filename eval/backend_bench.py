@@ -88,12 +88,10 @@ def table(rows: list[dict], model: str, num_fewshot: int, hf_name: str) -> str:
 
 
 def make_backends(model_dir: Path, hf_batch_size: int) -> dict:
-    from lm_eval.models.huggingface import HFLM
-
+    from compress.eval.harness import make_lm
     from compress.eval.lm_backend import CompressLM
 
-    return {HF: HFLM(pretrained=str(model_dir), dtype="float32", device="cpu", batch_size=hf_batch_size),
-            OURS: CompressLM(str(model_dir), cache=False)}
+    return {HF: make_lm(HF, model_dir, hf_batch_size), OURS: CompressLM(str(model_dir), cache=False)}
 
 
 @click.command()

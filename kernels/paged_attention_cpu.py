@@ -1,5 +1,5 @@
 """Decode attention over a paged KV cache on CPU: a small C kernel built by ``cpu_build``. Imports
-only torch and the standard library.
+only torch, the standard library and the shared checks (torch and triton).
 
 Same contract as kernels/paged_attention.py (docs/kernels.md), fp32 only. Why C: torch ops can only
 gather each row's blocks into a padded copy and then attend over the copy, so every K/V byte is read,
