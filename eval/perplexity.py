@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from compress.calib import compute_device
 from compress.data import data_file
 from compress.errors import UserError
 
@@ -51,7 +52,8 @@ def windows(tokens: torch.Tensor, cfg: PerplexityConfig) -> torch.Tensor:
 def perplexity(model, tokens: torch.Tensor, cfg: PerplexityConfig, desc: str = "perplexity") -> float:
     """exp of the mean next-token NLL of ``model`` over the windows of ``tokens``."""
     wins = windows(tokens, cfg)
-    device = next(model.parameters()).device
+    device = compute_device()  # a GPU when there is one, as for calibration
+    model.to(device)
     nll, count = 0.0, 0
     for batch in tqdm(wins.split(cfg.batch_size), desc=desc, unit="window"):
         batch = batch.to(device)

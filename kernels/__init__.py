@@ -23,10 +23,19 @@ from compress.kernels.reference import dequantize_packed
 
 __all__ = ["dequant_matmul", "dequantize_packed", "fp8_matmul", "int8_outlier_matmul", "paged_attention"]
 
+# From this many rows on, dequantizing W once and running the dense GEMM beats the fused kernel
+# (the rule vLLM's AWQ uses): the fused one redoes the dequantization for every tile of rows.
+DEQUANT_GEMM_MIN_ROWS = 256
+
+
+def fused_dequant(x: torch.Tensor) -> bool:
+    """Whether dequant_matmul runs the fused Triton kernel on x [..., I]: CUDA and fewer rows than DEQUANT_GEMM_MIN_ROWS."""
+    return x.is_cuda and x.numel() < DEQUANT_GEMM_MIN_ROWS * x.shape[-1]
+
 
 def dequant_matmul(x: torch.Tensor, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None):
     """y [..., O] = x [..., I] @ dequant(W)^T (+ bias) for pack-quantized int4/int3 W."""
-    op = _dequant_matmul_kernel.dequant_matmul if x.is_cuda else reference.dequant_matmul
+    op = _dequant_matmul_kernel.dequant_matmul if fused_dequant(x) else reference.dequant_matmul
     return op(x, packed, scale, zero_packed, bits, bias)
 
 

@@ -30,3 +30,23 @@ def test_fp32_cpu_attention_takes_the_c_kernel_where_it_builds(monkeypatch):
     monkeypatch.setattr(paged_attention_cpu, "paged_attention", lambda *a: calls.append(a) or reference.paged_attention(*a))
     kernels.paged_attention(*args)
     assert len(calls) == (paged_attention_cpu.load() is not None)
+
+
+class FakeCuda:
+    """What fused_dequant reads of a tensor, for a CUDA tensor of the given shape."""
+
+    is_cuda = True
+
+    def __init__(self, *shape):
+        self.shape = shape
+
+    def numel(self):
+        return int(torch.tensor(self.shape).prod())
+
+
+def test_dequant_matmul_fuses_only_few_cuda_rows():
+    assert kernels.fused_dequant(FakeCuda(1, 576))
+    assert kernels.fused_dequant(FakeCuda(3, 85, 576))  # 255 rows over two leading dims
+    assert not kernels.fused_dequant(FakeCuda(kernels.DEQUANT_GEMM_MIN_ROWS, 576))
+    assert not kernels.fused_dequant(FakeCuda(2, 2048, 576))  # a perplexity batch: dequantize once, dense GEMM
+    assert not kernels.fused_dequant(torch.randn(1, 576))
