@@ -45,6 +45,8 @@ class BenchConfig:
     copy_bytes: int = 512 * MiB
     drafts: tuple[str, ...] = ()  # instead of the workloads: speculative decoding with each draft vs the target alone
     num_speculative_tokens: int = 4
+    draft_vocab: int | None = None  # the draft models' output layer keeps token ids below this
+    temperature: float = 0.0  # speculative bench: 0 greedy (outputs must equal the target's), else seeded sampling
 
     def __post_init__(self):
         if self.workload not in WORKLOADS:
@@ -57,6 +59,8 @@ class BenchConfig:
             raise UserError("--plot draws the batch sweep; use --workload batches or all")
         if self.plot is not None and not self.plot.parent.is_dir():
             raise UserError(f"--plot {self.plot}: the directory {self.plot.parent} does not exist")
+        if self.temperature < 0:
+            raise UserError(f"--temperature must be >= 0, got {self.temperature}")
         if max(self.sweep.batch_sizes) > self.max_num_batched_tokens:
             raise UserError(f"batch size {max(self.sweep.batch_sizes)} does not fit one step's token budget "
                             f"(--max-num-batched-tokens {self.max_num_batched_tokens})")
@@ -76,7 +80,8 @@ def run_benchmark(model: str, cfg: BenchConfig) -> list[list[dict]]:
     if cfg.drafts:
         from compress.spec_bench import run_spec_bench, table
 
-        print(table(run_spec_bench(model, list(cfg.drafts), cfg.num_speculative_tokens, cfg.sweep, cfg.engine(resolve(model)))))
+        engine = cfg.engine(resolve(model)) | dict(draft_vocab=cfg.draft_vocab)
+        print(table(run_spec_bench(model, list(cfg.drafts), cfg.num_speculative_tokens, cfg.sweep, engine, cfg.temperature)))
         return []
     names = [model] + ([cfg.compare] if cfg.compare else [])
     models = list(zip(labels(names), [resolve(n) for n in names]))  # every MODEL is checked before any work

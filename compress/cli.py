@@ -144,9 +144,12 @@ def info(model, gpu, batch, context):
     print_info(model, gpu, batch, context)
 
 
-DRAFT = click.option("--draft", default=None, help="speculative decoding: a smaller model with the same tokenizer proposes tokens")
+DRAFT = click.option("--draft", default=None, help="speculative decoding: a smaller model with the same tokenizer proposes "
+                                                  "tokens, or 'ngram' (prompt lookup, no model)")
 NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, default=4, show_default=True,
                                       help="draft tokens verified per step (with --draft)")
+DRAFT_VOCAB = click.option("--draft-vocab", type=int, default=None,
+                           help="the draft model scores only token ids below this (a cheaper output layer) [default: all]")
 
 
 @cli.command()
@@ -161,12 +164,15 @@ NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, defa
 @click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: a fraction of free memory]")
 @DRAFT
 @NUM_SPECULATIVE_TOKENS
-def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, kv_cache_memory, draft, num_speculative_tokens):
+@DRAFT_VOCAB
+def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, kv_cache_memory, draft, num_speculative_tokens,
+             draft_vocab):
     """Generate a completion of PROMPT with MODEL on the runtime, streamed to the terminal."""
     from compress.runtime.generate import run_generate
 
     params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
-    engine = dict(kv_cache_memory=kv_cache_memory, draft=draft, num_speculative_tokens=num_speculative_tokens)
+    engine = dict(kv_cache_memory=kv_cache_memory, draft=draft, num_speculative_tokens=num_speculative_tokens,
+                  draft_vocab=draft_vocab)
     run_generate(model, prompt, params, chat, engine)
 
 
@@ -187,10 +193,14 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, k
 @click.option("--no-hf", is_flag=True, help="mixed: only our engine (no transformers baselines)")
 @click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: batches: what the largest batch needs]")
 @click.option("--max-num-batched-tokens", type=int, default=512, show_default=True)
-@click.option("--draft", multiple=True, help="instead: speculative decoding with this draft model vs the target alone (repeatable)")
+@click.option("--draft", multiple=True, help="instead: speculative decoding with this draft model (or 'ngram') vs the target alone "
+                                            "(repeatable)")
 @NUM_SPECULATIVE_TOKENS
+@DRAFT_VOCAB
+@click.option("--temperature", type=float, default=0.0, show_default=True,
+              help="with --draft: 0 = greedy (outputs must equal the target's), else seeded sampling")
 def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, compare, plot, requests, max_prompt, max_new, no_hf,
-          kv_cache_memory, max_num_batched_tokens, draft, num_speculative_tokens):
+          kv_cache_memory, max_num_batched_tokens, draft, num_speculative_tokens, draft_vocab, temperature):
     """TTFT, inter-token latency and decode tok/s by batch size beside the memory-bandwidth roofline; a mixed workload vs transformers."""
     from pathlib import Path
 
@@ -199,7 +209,8 @@ def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, co
 
     sweep = SweepConfig(parse_batch_sizes(batch_sizes), prompt_len, new_tokens, repeats)
     cfg = BenchConfig(workload, sweep, gpu, compare, Path(plot) if plot else None, not no_hf, requests, max_prompt, max_new,
-                      kv_cache_memory, max_num_batched_tokens, drafts=draft, num_speculative_tokens=num_speculative_tokens)
+                      kv_cache_memory, max_num_batched_tokens, drafts=draft, num_speculative_tokens=num_speculative_tokens,
+                      draft_vocab=draft_vocab, temperature=temperature)
     run_benchmark(model, cfg)
 
 
@@ -218,14 +229,15 @@ def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, co
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
 @DRAFT
 @NUM_SPECULATIVE_TOKENS
+@DRAFT_VOCAB
 def serve(model, host, port, served_model_name, api_key, max_num_seqs, max_waiting, max_model_len, kv_cache_memory,
-          max_body_bytes, dtype, draft, num_speculative_tokens):
+          max_body_bytes, dtype, draft, num_speculative_tokens, draft_vocab):
     """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
     from compress.runtime.server import serve as run_server
 
     run_server(model, host, port, served_model_name, api_key, max_waiting, max_body_bytes, max_num_seqs=max_num_seqs,
                max_model_len=max_model_len, kv_cache_memory=kv_cache_memory, dtype=dtype, draft=draft,
-               num_speculative_tokens=num_speculative_tokens)
+               num_speculative_tokens=num_speculative_tokens, draft_vocab=draft_vocab)
 
 
 def _terminate(signum, frame):

@@ -1,8 +1,10 @@
 """`compress bench MODEL --draft D [--draft D2 ...]`: speculative decoding against the target alone, in one run.
 
 Prompts are the openings of real documents (the C4 calibration set under $COMPRESS_DATA_DIR), since
-how often a draft agrees with the target depends on the text. Decoding is greedy, so every
-speculative run must reproduce the target's tokens exactly; the table says whether it did. For
+how often a draft agrees with the target depends on the text. Decoding is greedy by default, so
+every speculative run must reproduce the target's tokens exactly; the table says whether it did.
+With a temperature the requests sample (seeded; the same tokens are not expected, the same
+distribution is, which the tests check), which shows what speculation gains off greedy loops. For
 each batch size the target alone runs first, then each draft, so the ratios compare neighbours in
 time on a noisy machine.
 """
@@ -36,26 +38,27 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[f
     return time.perf_counter() - t0, outs
 
 
-def run_spec_bench(model: str, drafts: list[str], k: int, sweep: SweepConfig, engine: dict) -> list[dict]:
-    """Rows of the table: per batch size of sweep, the target alone then each draft (greedy, sweep.new_tokens each)."""
+def run_spec_bench(model: str, drafts: list[str], k: int, sweep: SweepConfig, engine: dict, temperature: float = 0.0) -> list[dict]:
+    """Rows of the table: per batch size of sweep, the target alone then each draft (sweep.new_tokens each)."""
     target = LLM(model, **engine)
     engines = {d: LLM(model, draft=d, num_speculative_tokens=k, **engine) for d in drafts}
     prompts = text_prompts(target.tokenizer, max(sweep.batch_sizes), sweep.prompt_len)
-    params = SamplingParams(max_tokens=sweep.new_tokens, temperature=0, ignore_eos=True)
+    params = [SamplingParams(max_tokens=sweep.new_tokens, temperature=temperature, seed=i, ignore_eos=True)
+              for i in range(len(prompts))]
     for llm in (target, *engines.values()):
         llm.generate(prompts[:1], SamplingParams(max_tokens=8, temperature=0))  # warm-up
     rows = []
     for batch in sweep.batch_sizes:
-        wall, base = timed(target, prompts[:batch], params)
+        wall, base = timed(target, prompts[:batch], params[:batch])
         base_tok_s = batch * sweep.new_tokens / wall
         rows.append(dict(draft="none (target alone)", batch=batch, tok_s=base_tok_s, speedup=1.0))
         for name, llm in engines.items():
             llm.spec_stats = SpecStats(k)
-            wall, outs = timed(llm, prompts[:batch], params)
+            wall, outs = timed(llm, prompts[:batch], params[:batch])
             tok_s = batch * sweep.new_tokens / wall
             rows.append(dict(draft=name, batch=batch, tok_s=tok_s, speedup=tok_s / base_tok_s,
                              acceptance=llm.spec_stats.acceptance(), tokens_per_step=llm.spec_stats.tokens_per_step,
-                             identical=[o.token_ids for o in outs] == [o.token_ids for o in base]))
+                             identical=[o.token_ids for o in outs] == [o.token_ids for o in base] if temperature == 0 else None))
     return rows
 
 
@@ -67,6 +70,6 @@ def table(rows: list[dict]) -> str:
             lines.append(f"| {r['draft']} | {r['batch']} | {r['tok_s']:.1f} | 1.00x | - | 1.00 | - |")
             continue
         acc = " / ".join(f"{a:.2f}" for a in r["acceptance"])
-        same = "yes" if r["identical"] else "NO"
+        same = "-" if r["identical"] is None else "yes" if r["identical"] else "NO"
         lines.append(f"| {r['draft']} | {r['batch']} | {r['tok_s']:.1f} | {r['speedup']:.2f}x | {acc} | {r['tokens_per_step']:.2f} | {same} |")
     return "\n".join(lines)

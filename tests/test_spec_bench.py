@@ -23,3 +23,19 @@ def test_cli_prints_the_table_and_rejects_bad_batch_sizes(tiny_dir, data_dir):
     assert "| none (target alone) | 1 |" in result.output
     bad = CliRunner().invoke(cli, args[:4] + ["--batch-sizes", "0"], standalone_mode=False)
     assert bad.exception is not None and "batch-sizes" in str(bad.exception)
+
+
+def test_sampled_rows_leave_the_same_tokens_column_open_and_ngram_is_a_draft(tiny_dir, data_dir):
+    rows = run_spec_bench(str(tiny_dir), ["ngram"], 3, SweepConfig((1,), prompt_len=16, new_tokens=9), {}, temperature=0.8)
+    assert rows[1]["draft"] == "ngram" and rows[1]["identical"] is None
+    assert table(rows).splitlines()[-1].endswith("| - |")
+
+
+def test_cli_passes_the_draft_vocabulary_and_rejects_a_negative_temperature(tiny_dir, data_dir):
+    args = ["bench", str(tiny_dir), "--draft", str(tiny_dir), "--batch-sizes", "1", "--prompt-len", "8", "--new-tokens", "4"]
+    # the tiny model's outputs repeat the last prompt token, almost never an id below 10: drafts are rejected
+    result = CliRunner().invoke(cli, args + ["--draft-vocab", "10", "--num-speculative-tokens", "2"])
+    assert result.exit_code == 0, result.output
+    assert "| 0.00 / 0.00 |" in result.output
+    bad = CliRunner().invoke(cli, args + ["--temperature", "-1"], standalone_mode=False)
+    assert bad.exception is not None and "--temperature" in str(bad.exception)

@@ -21,11 +21,14 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     num_speculative_tokens: int = 4  # draft tokens per step when the engine has a draft model
+    draft_vocab: int | None = None  # the draft proposes only token ids below this (None: all)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_speculative_tokens"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name} must be positive, got {getattr(self, name)}")
+        if self.draft_vocab is not None and self.draft_vocab <= 0:
+            raise UserError(f"draft_vocab must be positive, got {self.draft_vocab}")
         if self.kv_cache_memory is not None and self.kv_cache_memory <= 0:
             raise UserError(f"kv_cache_memory must be a positive number of bytes, got {self.kv_cache_memory}")
         if not 0 < self.kv_cache_fraction <= 1:

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from compress.errors import UserError
 from compress.models import load_model, load_tokenizer, resolve
@@ -23,6 +24,23 @@ from compress.runtime.scheduler import ScheduledBatch
 from compress.runtime.sequence import Sequence, Status
 
 
+def draft_budget(seq: Sequence, k: int, max_model_len: int) -> int:
+    """Draft tokens worth proposing: never past max_tokens (the extra would be thrown away) or the context."""
+    left = min(seq.params.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens)
+    return min(k, left - 1)
+
+
+def restrict_head(decoder, n: int) -> None:
+    """Score only token ids below n: a draft step's output layer shrinks by V/n. BPE ids are in merge
+    order, so low ids are the frequent tokens. Exactness holds: the other tokens get q = 0, and the
+    target's correction step still produces them."""
+    weight = decoder.lm_head.weight  # [V, C], maybe tied to the embedding
+    if n >= weight.shape[0]:
+        return
+    decoder.lm_head = nn.Linear(weight.shape[1], n, bias=False, dtype=weight.dtype, device=weight.device)
+    decoder.lm_head.weight = nn.Parameter(weight[:n].detach().clone(), requires_grad=False)
+
+
 class Drafter:
     def __init__(self, model: str | Path, target_tokenizer, config: EngineConfig, num_blocks: int, max_model_len: int):
         model_dir = resolve(str(model))
@@ -30,6 +48,8 @@ class Drafter:
             raise UserError(f"the draft model {model} has a different tokenizer from the target; "
                             f"speculative decoding needs the same vocabulary")
         decoder = load_model(model_dir, config.torch_dtype)
+        if config.draft_vocab is not None:
+            restrict_head(decoder, config.draft_vocab)
         self.k = config.num_speculative_tokens
         self.max_model_len = min(max_model_len, decoder.cfg.max_position_embeddings)
         # As many blocks as the target's pool: the shadows never hold more tokens than their sequences.
@@ -42,7 +62,7 @@ class Drafter:
 
     def propose(self, running: list[Sequence], vocab_size: int) -> None:
         """Append up to k draft tokens to every running sequence that is decoding (its prompt done)."""
-        budget = {s.id: self._budget(s) for s in running if s.num_computed == s.num_tokens - 1}
+        budget = {s.id: draft_budget(s, self.k, self.max_model_len) for s in running if s.num_computed == s.num_tokens - 1}
         active = [s for s in running if budget.get(s.id, 0) > 0]
         for seq in active:
             self.probs[seq.id] = []
@@ -78,11 +98,6 @@ class Drafter:
             shadow.num_computed = min(shadow.num_computed, seq.num_tokens - 1)
             self.blocks.truncate(shadow)
             self.blocks.commit(shadow)
-
-    def _budget(self, seq: Sequence) -> int:
-        """Draft tokens worth proposing: never past max_tokens (the extra would be thrown away) or the context."""
-        left = min(seq.params.max_tokens - seq.num_output_tokens, self.max_model_len - seq.num_tokens)
-        return min(self.k, left - 1)
 
     def _shadow(self, seq: Sequence) -> Sequence:
         if seq.id not in self.shadows:

@@ -14,6 +14,7 @@ from compress.runtime.detokenizer import Detokenizer
 from compress.runtime.drafter import Drafter
 from compress.runtime.logprobs import token_logprobs
 from compress.runtime.model_runner import ModelRunner
+from compress.runtime.ngram_drafter import NGRAM, NgramDrafter
 from compress.runtime.output import RequestOutput
 from compress.runtime.sampler import Sampler, warp
 from compress.runtime.scheduler import Scheduler
@@ -32,9 +33,9 @@ def eos_ids(model_eos, tokenizer) -> frozenset[int]:
 class LLM:
     """``LLM(model, **EngineConfig fields).generate(prompts, SamplingParams(...))``.
 
-    ``draft=`` names a smaller model with the same tokenizer for speculative decoding: it proposes
-    ``num_speculative_tokens`` tokens per step and the target verifies them in one forward; outputs
-    are distributed exactly as without it (greedy: identical).
+    ``draft=`` names a smaller model with the same tokenizer for speculative decoding, or "ngram"
+    (prompt lookup, no model): it proposes ``num_speculative_tokens`` tokens per step and the target
+    verifies them in one forward; outputs are distributed exactly as without it (greedy: identical).
     """
 
     def __init__(self, model: str | Path, draft: str | Path | None = None, **config):
@@ -49,11 +50,18 @@ class LLM:
         self.blocks = BlockManager(self.runner.num_blocks, self.config.block_size, self.config.enable_prefix_caching)
         self.scheduler = Scheduler(self.config, self.blocks, self.max_model_len)
         self.sampler = Sampler()
-        self.drafter = None if draft is None else Drafter(draft, self.tokenizer, self.config, self.runner.num_blocks, self.max_model_len)
+        self.drafter = self._drafter(draft)
         self.spec_stats = SpecStats(self.config.num_speculative_tokens)
         self.detokenizer = Detokenizer(self.tokenizer)
         self.requests: dict[int, Sequence] = {}  # unfinished, by request id
         self._ids = count()
+
+    def _drafter(self, draft: str | Path | None) -> Drafter | NgramDrafter | None:
+        if draft is None:
+            return None
+        if str(draft) == NGRAM:
+            return NgramDrafter(self.config.num_speculative_tokens, self.max_model_len)
+        return Drafter(draft, self.tokenizer, self.config, self.runner.num_blocks, self.max_model_len)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; a bad one raises UserError and leaves the engine as it was."""

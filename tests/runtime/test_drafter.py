@@ -6,6 +6,7 @@ import torch
 
 from compress.errors import UserError
 from compress.runtime import LLM, SamplingParams
+from compress.runtime.drafter import Drafter
 from tests.conftest import save_hf, tiny_hf
 from tests.runtime.conftest import GREEDY, make_llm
 from tests.runtime.test_speculative import chi2_pvalue
@@ -20,8 +21,9 @@ def other_draft(tmp_path_factory, smollm2_dir):
 
 def assert_pools_free(llm: LLM) -> None:
     assert llm.blocks.num_free == llm.blocks.num_blocks
-    assert llm.drafter.blocks.num_free == llm.drafter.blocks.num_blocks
-    assert not llm.drafter.shadows
+    if isinstance(llm.drafter, Drafter):  # the ngram drafter has no pool
+        assert llm.drafter.blocks.num_free == llm.drafter.blocks.num_blocks
+        assert not llm.drafter.shadows
 
 
 @pytest.mark.parametrize("k", [1, 3, 5])
@@ -39,6 +41,16 @@ def test_the_target_as_its_own_draft_accepts_everything(tiny_dir, prompts, expec
     assert llm.spec_stats.acceptance() == [1.0] * 4
     # 23 tokens after the prefill's first: 4 steps of 5 and one of 3 (the budget stops at max_tokens).
     assert llm.spec_stats.steps == 5 * len(prompts)
+
+
+def test_a_restricted_draft_vocabulary_proposes_only_low_ids(tiny_dir, prompts, expected):
+    # The target as its own draft: every draft token is right, unless the draft may not score it.
+    below = 1 + max(t for out in expected for t in out)
+    for vocab, rate in ((below, 1.0), (min(t for out in expected for t in out), 0.0)):
+        llm = make_llm(tiny_dir, draft=tiny_dir, num_speculative_tokens=3, draft_vocab=vocab)
+        assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
+        assert llm.spec_stats.acceptance_rate == rate
+        assert_pools_free(llm)
 
 
 def test_small_pool_and_budget_drop_drafts_preempt_and_still_match(tiny_dir, other_draft, prompts, expected):
@@ -130,16 +142,19 @@ def exact_joint(model) -> torch.Tensor:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("draft", ["good", "bad"])
-def test_sampled_tokens_follow_the_targets_exact_distribution(small_vocab, draft):
+@pytest.mark.parametrize("draft, draft_vocab", [("good", None), ("bad", None), ("good", 5), ("ngram", None)])
+def test_sampled_tokens_follow_the_targets_exact_distribution(small_vocab, draft, draft_vocab):
     dirs, joint = small_vocab
-    llm = LLM(dirs["target"], draft=dirs[draft], num_speculative_tokens=2, max_num_seqs=2048,
-              max_num_batched_tokens=8192, kv_cache_memory=64 << 20)
+    llm = LLM(dirs["target"], draft=dirs.get(draft, draft), num_speculative_tokens=2, draft_vocab=draft_vocab,
+              max_num_seqs=2048, max_num_batched_tokens=8192, kv_cache_memory=64 << 20)
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(RUNS)]
     outs = llm.generate([PROMPT] * RUNS, params)
     first3 = torch.tensor([o.token_ids[:3] for o in outs])  # [RUNS, 3]
     counts = torch.bincount((first3 * torch.tensor([VOCAB * VOCAB, VOCAB, 1])).sum(1), minlength=VOCAB ** 3).float()
-    assert llm.spec_stats.proposed[1] == RUNS  # every request speculated two tokens
+    if draft == "ngram":  # a lookup finds a draft when the first token is one of the prompt's
+        assert 0 < llm.spec_stats.proposed[1] < RUNS
+    else:  # every request speculated two tokens
+        assert llm.spec_stats.proposed[1] == RUNS
     assert chi2_pvalue(counts, joint.flatten() * RUNS) > 1e-3
     drafted = joint.sum((1, 2))[:, None, None] * torch.full((VOCAB, VOCAB), 1 / VOCAB ** 2)  # t2, t3 from a uniform draft
     if draft == "bad":  # the test has power: the draft's own distribution is rejected
