@@ -34,6 +34,8 @@ def restrict_head(decoder, n: int) -> None:
     """Score only token ids below n: a draft step's output layer shrinks by V/n. BPE ids are in merge
     order, so low ids are the frequent tokens. Exactness holds: the other tokens get q = 0, and the
     target's correction step still produces them."""
+    if not isinstance(decoder.lm_head, nn.Linear):
+        raise UserError("--draft-vocab needs a draft model whose lm_head is not quantized")
     weight = decoder.lm_head.weight  # [V, C], maybe tied to the embedding
     if n >= weight.shape[0]:
         return

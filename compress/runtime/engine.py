@@ -57,6 +57,8 @@ class LLM:
         self._ids = count()
 
     def _drafter(self, draft: str | Path | None) -> Drafter | NgramDrafter | None:
+        if self.config.draft_vocab is not None and (draft is None or str(draft) == NGRAM):
+            raise UserError("--draft-vocab applies to a draft model: give --draft MODEL")
         if draft is None:
             return None
         if str(draft) == NGRAM:

@@ -2,6 +2,7 @@
 
 import pytest
 
+from compress.errors import UserError
 from compress.runtime.ngram_drafter import lookup
 from tests.runtime.conftest import GREEDY, hf_greedy, make_llm
 
@@ -44,3 +45,9 @@ def test_greedy_is_identical_to_the_target_alone(tiny_dir, repeating, k):
     assert [o.token_ids for o in llm.generate(prompts, GREEDY)] == expected
     assert llm.blocks.num_free == llm.blocks.num_blocks
     assert llm.spec_stats.steps > 0 and 0 < llm.spec_stats.acceptance_rate < 1
+
+
+def test_a_draft_vocabulary_without_a_draft_model_is_refused(tiny_dir):
+    for draft in (None, "ngram"):
+        with pytest.raises(UserError, match="--draft MODEL"):
+            make_llm(tiny_dir, draft=draft, draft_vocab=100)
