@@ -61,6 +61,8 @@ class BenchConfig:
             raise UserError(f"--plot {self.plot}: the directory {self.plot.parent} does not exist")
         if self.temperature < 0:
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
+        if not self.drafts and (self.temperature or self.draft_vocab is not None):
+            raise UserError("--temperature and --draft-vocab apply to the speculative benchmark: give --draft")
         if max(self.sweep.batch_sizes) > self.max_num_batched_tokens:
             raise UserError(f"batch size {max(self.sweep.batch_sizes)} does not fit one step's token budget "
                             f"(--max-num-batched-tokens {self.max_num_batched_tokens})")

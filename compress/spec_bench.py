@@ -14,6 +14,7 @@ import time
 from compress.calib import read_texts
 from compress.errors import UserError
 from compress.runtime.engine import LLM
+from compress.runtime.ngram_drafter import NGRAM
 from compress.runtime.output import RequestOutput
 from compress.runtime.sequence import SamplingParams
 from compress.runtime.speculative import SpecStats
@@ -40,8 +41,9 @@ def timed(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> tuple[f
 
 def run_spec_bench(model: str, drafts: list[str], k: int, sweep: SweepConfig, engine: dict, temperature: float = 0.0) -> list[dict]:
     """Rows of the table: per batch size of sweep, the target alone then each draft (sweep.new_tokens each)."""
-    target = LLM(model, **engine)
-    engines = {d: LLM(model, draft=d, num_speculative_tokens=k, **engine) for d in drafts}
+    plain = {key: value for key, value in engine.items() if key != "draft_vocab"}  # for engines without a draft model
+    target = LLM(model, **plain)
+    engines = {d: LLM(model, draft=d, num_speculative_tokens=k, **(plain if d == NGRAM else engine)) for d in drafts}
     prompts = text_prompts(target.tokenizer, max(sweep.batch_sizes), sweep.prompt_len)
     params = [SamplingParams(max_tokens=sweep.new_tokens, temperature=temperature, seed=i, ignore_eos=True)
               for i in range(len(prompts))]

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from compress.calib import compute_device
+from compress.calib import compute_device, on_device
 from compress.data import data_file
 from compress.errors import UserError
 
@@ -50,14 +50,14 @@ def windows(tokens: torch.Tensor, cfg: PerplexityConfig) -> torch.Tensor:
 
 @torch.no_grad()
 def perplexity(model, tokens: torch.Tensor, cfg: PerplexityConfig, desc: str = "perplexity") -> float:
-    """exp of the mean next-token NLL of ``model`` over the windows of ``tokens``."""
+    """exp of the mean next-token NLL of ``model`` over the windows of ``tokens``, on a GPU when there is one."""
     wins = windows(tokens, cfg)
-    device = compute_device()  # a GPU when there is one, as for calibration
-    model.to(device)
+    device = compute_device()
     nll, count = 0.0, 0
-    for batch in tqdm(wins.split(cfg.batch_size), desc=desc, unit="window"):
-        batch = batch.to(device)
-        logits = model(batch)[:, :-1].float()  # [B, T-1, V]
-        nll += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
-        count += batch[:, 1:].numel()
+    with on_device(model, device):
+        for batch in tqdm(wins.split(cfg.batch_size), desc=desc, unit="window"):
+            batch = batch.to(device)
+            logits = model(batch)[:, :-1].float()  # [B, T-1, V]
+            nll += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+            count += batch[:, 1:].numel()
     return math.exp(nll / count)

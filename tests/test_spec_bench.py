@@ -1,6 +1,10 @@
 """`compress bench --draft`: the speculative comparison on the tiny model, through the CLI."""
 
+import pytest
 from click.testing import CliRunner
+
+from compress.benchmark import BenchConfig
+from compress.errors import UserError
 
 from compress.cli import cli
 from compress.spec_bench import run_spec_bench, table
@@ -39,3 +43,10 @@ def test_cli_passes_the_draft_vocabulary_and_rejects_a_negative_temperature(tiny
     assert "| 0.00 / 0.00 |" in result.output
     bad = CliRunner().invoke(cli, args + ["--temperature", "-1"], standalone_mode=False)
     assert bad.exception is not None and "--temperature" in str(bad.exception)
+
+
+def test_speculative_options_without_a_draft_are_refused():
+    for option in (dict(temperature=0.7), dict(draft_vocab=100)):
+        with pytest.raises(UserError, match="give --draft"):
+            BenchConfig(**option)
+    BenchConfig(drafts=("ngram",), temperature=0.7, draft_vocab=100)  # fine with a draft

@@ -22,12 +22,7 @@ from compress.runtime.model_runner import ModelRunner, kv_block_bytes
 from compress.runtime.sampler import race, warp
 from compress.runtime.scheduler import ScheduledBatch
 from compress.runtime.sequence import Sequence, Status
-
-
-def draft_budget(seq: Sequence, k: int, max_model_len: int) -> int:
-    """Draft tokens worth proposing: never past max_tokens (the extra would be thrown away) or the context."""
-    left = min(seq.params.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens)
-    return min(k, left - 1)
+from compress.runtime.speculative import draft_budget
 
 
 def restrict_head(decoder, n: int) -> None:
@@ -64,8 +59,8 @@ class Drafter:
 
     def propose(self, running: list[Sequence], vocab_size: int) -> None:
         """Append up to k draft tokens to every running sequence that is decoding (its prompt done)."""
-        budget = {s.id: draft_budget(s, self.k, self.max_model_len) for s in running if s.num_computed == s.num_tokens - 1}
-        active = [s for s in running if budget.get(s.id, 0) > 0]
+        budget = {s.id: draft_budget(s, self.k, self.max_model_len) for s in running}
+        active = [s for s in running if budget[s.id] > 0]
         for seq in active:
             self.probs[seq.id] = []
         for round_ in range(self.k):

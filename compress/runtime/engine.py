@@ -40,6 +40,8 @@ class LLM:
 
     def __init__(self, model: str | Path, draft: str | Path | None = None, **config):
         self.config = EngineConfig(**config)
+        if self.config.draft_vocab is not None and (draft is None or str(draft) == NGRAM):
+            raise UserError("draft_vocab (--draft-vocab) applies to a draft model: give draft=MODEL (--draft MODEL)")
         model_dir = resolve(str(model))
         self.tokenizer = load_tokenizer(model_dir)
         decoder = load_model(model_dir, self.config.torch_dtype)
@@ -57,12 +59,10 @@ class LLM:
         self._ids = count()
 
     def _drafter(self, draft: str | Path | None) -> Drafter | NgramDrafter | None:
-        if self.config.draft_vocab is not None and (draft is None or str(draft) == NGRAM):
-            raise UserError("--draft-vocab applies to a draft model: give --draft MODEL")
         if draft is None:
             return None
         if str(draft) == NGRAM:
-            return NgramDrafter(self.config.num_speculative_tokens, self.max_model_len)
+            return NgramDrafter(self.config.num_speculative_tokens, self.max_model_len, self.vocab_size, self.config.device)
         return Drafter(draft, self.tokenizer, self.config, self.runner.num_blocks, self.max_model_len)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:

@@ -13,6 +13,16 @@ from dataclasses import dataclass, field
 import torch
 
 from compress.runtime.sampler import race
+from compress.runtime.sequence import Sequence
+
+
+def draft_budget(seq: Sequence, k: int, max_model_len: int) -> int:
+    """Draft tokens worth proposing for seq: none while its prompt is still being computed, and never
+    past max_tokens (the extra would be thrown away) or the context (one token is left for the target)."""
+    if seq.num_computed != seq.num_tokens - 1:
+        return 0
+    left = min(seq.params.max_tokens - seq.num_output_tokens, max_model_len - seq.num_tokens)
+    return min(k, left - 1)
 
 
 def accept_greedy(target_argmax: list[int], drafts: list[int]) -> list[int]:

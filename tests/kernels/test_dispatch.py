@@ -1,6 +1,7 @@
 """compress.kernels exposes each op as a function that runs the reference on CPU tensors."""
 
 import importlib
+import math
 
 import torch
 
@@ -32,6 +33,17 @@ def test_fp32_cpu_attention_takes_the_c_kernel_where_it_builds(monkeypatch):
     assert len(calls) == (paged_attention_cpu.load() is not None)
 
 
+def test_dequant_matmul_runs_the_op_fused_dequant_picks(monkeypatch):
+    kernel = importlib.import_module("compress.kernels.dequant_matmul")
+    calls = []
+    monkeypatch.setattr(kernel, "dequant_matmul", lambda *a: calls.append("fused"))
+    monkeypatch.setattr(reference, "dequant_matmul", lambda *a: calls.append("dense"))
+    for fused in (True, False):
+        monkeypatch.setattr(kernels, "fused_dequant", lambda x, fused=fused: fused)
+        kernels.dequant_matmul(torch.randn(2, 64), None, None, None, 4)
+    assert calls == ["fused", "dense"]
+
+
 class FakeCuda:
     """What fused_dequant reads of a tensor, for a CUDA tensor of the given shape."""
 
@@ -41,7 +53,7 @@ class FakeCuda:
         self.shape = shape
 
     def numel(self):
-        return int(torch.tensor(self.shape).prod())
+        return math.prod(self.shape)
 
 
 def test_dequant_matmul_fuses_only_few_cuda_rows():

@@ -147,6 +147,8 @@ def test_sampled_tokens_follow_the_targets_exact_distribution(small_vocab, draft
     dirs, joint = small_vocab
     llm = LLM(dirs["target"], draft=dirs.get(draft, draft), num_speculative_tokens=2, draft_vocab=draft_vocab,
               max_num_seqs=2048, max_num_batched_tokens=8192, kv_cache_memory=64 << 20)
+    if draft_vocab:
+        assert llm.drafter.runner.model.lm_head.out_features == draft_vocab
     params = [SamplingParams(max_tokens=4, temperature=1.0, seed=i, ignore_eos=True) for i in range(RUNS)]
     outs = llm.generate([PROMPT] * RUNS, params)
     first3 = torch.tensor([o.token_ids[:3] for o in outs])  # [RUNS, 3]

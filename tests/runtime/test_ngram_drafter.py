@@ -2,8 +2,11 @@
 
 import pytest
 
+import torch
+
 from compress.errors import UserError
-from compress.runtime.ngram_drafter import lookup
+from compress.runtime.ngram_drafter import NgramDrafter, lookup
+from compress.runtime.sequence import SamplingParams, Sequence
 from tests.runtime.conftest import GREEDY, hf_greedy, make_llm
 
 
@@ -26,7 +29,17 @@ def test_lookup_needs_an_earlier_occurrence_with_a_token_after_it():
     assert lookup([1, 2, 3], k=3) == []
     assert lookup([4, 4], k=3) == [4, 4, 4]
     assert lookup([4], k=3) == []
-    assert lookup([1, 2, 1, 2], k=3, min_n=3) == []
+    assert lookup([1, 2, 3, 4], k=3) == []
+
+
+def test_proposals_append_drafts_to_decoding_sequences_only_and_their_q_is_one_hot():
+    drafter = NgramDrafter(k=3, max_model_len=64, vocab_size=10, device="cpu")
+    decoding, prefilling = (Sequence(i, [1, 2, 3, 1], SamplingParams(max_tokens=8), frozenset()) for i in range(2))
+    decoding.num_computed = 3  # all but the last token have KV: decoding
+    drafter.propose([decoding, prefilling], 10)
+    assert decoding.token_ids == [1, 2, 3, 1, 2, 3, 1] and decoding.num_draft == 3
+    assert prefilling.token_ids == [1, 2, 3, 1] and prefilling.num_draft == 0
+    assert torch.equal(drafter.draft_probs(decoding), torch.eye(10)[[2, 3, 1]])
 
 
 @pytest.fixture(scope="module")
