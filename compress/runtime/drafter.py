@@ -39,7 +39,8 @@ def restrict_head(decoder, n: int) -> None:
 
 
 class Drafter:
-    def __init__(self, model: str | Path, target_tokenizer, config: EngineConfig, num_blocks: int, max_model_len: int):
+    def __init__(self, model: str | Path, target_tokenizer, vocab_size: int, config: EngineConfig, num_blocks: int,
+                 max_model_len: int):
         model_dir = resolve(str(model))
         if load_tokenizer(model_dir).get_vocab() != target_tokenizer.get_vocab():
             raise UserError(f"the draft model {model} has a different tokenizer from the target; "
@@ -47,7 +48,7 @@ class Drafter:
         decoder = load_model(model_dir, config.torch_dtype)
         if config.draft_vocab is not None:
             restrict_head(decoder, config.draft_vocab)
-        self.k = config.num_speculative_tokens
+        self.k, self.vocab_size = config.num_speculative_tokens, vocab_size  # the target's: drafts are padded or cut to it
         self.max_model_len = min(max_model_len, decoder.cfg.max_position_embeddings)
         # As many blocks as the target's pool: the shadows never hold more tokens than their sequences.
         budget = num_blocks * kv_block_bytes(decoder.cfg, config.block_size, config.torch_dtype)
@@ -57,7 +58,7 @@ class Drafter:
         self.targets: dict[int, Sequence] = {}
         self.probs: dict[int, list[torch.Tensor]] = {}  # the draft distribution [V] behind each draft token
 
-    def propose(self, running: list[Sequence], vocab_size: int) -> None:
+    def propose(self, running: list[Sequence]) -> None:
         """Append up to k draft tokens to every running sequence that is decoding (its prompt done)."""
         budget = {s.id: draft_budget(s, self.k, self.max_model_len) for s in running}
         active = [s for s in running if budget[s.id] > 0]
@@ -76,7 +77,7 @@ class Drafter:
                 return
             logits, _ = self.runner.run(batch)  # [S, Vd]
             active = [self.targets[shadow.id] for shadow in batch.seqs]
-            self._extend(active, batch, self._fit(logits, vocab_size))
+            self._extend(active, batch, self._fit(logits, self.vocab_size))
 
     def draft_probs(self, seq: Sequence) -> torch.Tensor:
         """[num_draft, V]: the distributions seq's current draft tokens were drawn from (sampled requests only)."""

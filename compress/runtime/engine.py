@@ -63,7 +63,7 @@ class LLM:
             return None
         if str(draft) == NGRAM:
             return NgramDrafter(self.config.num_speculative_tokens, self.max_model_len, self.vocab_size, self.config.device)
-        return Drafter(draft, self.tokenizer, self.config, self.runner.num_blocks, self.max_model_len)
+        return Drafter(draft, self.tokenizer, self.vocab_size, self.config, self.runner.num_blocks, self.max_model_len)
 
     def add_request(self, prompt: Prompt, params: SamplingParams | None = None) -> int:
         """Queue one request; a bad one raises UserError and leaves the engine as it was."""
@@ -85,7 +85,7 @@ class LLM:
     def step(self) -> list[RequestOutput]:
         """Run one scheduled step; an output for every request that gained tokens."""
         if self.drafter:
-            self.drafter.propose(self.scheduler.running, self.vocab_size)
+            self.drafter.propose(self.scheduler.running)
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []

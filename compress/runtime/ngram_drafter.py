@@ -37,7 +37,7 @@ class NgramDrafter:
     def __init__(self, k: int, max_model_len: int, vocab_size: int, device: str):
         self.k, self.max_model_len, self.vocab_size, self.device = k, max_model_len, vocab_size, device
 
-    def propose(self, running: list[Sequence], vocab_size: int) -> None:
+    def propose(self, running: list[Sequence]) -> None:
         """Append up to k looked-up tokens to every running sequence that is decoding."""
         for seq in running:
             budget = draft_budget(seq, self.k, self.max_model_len)

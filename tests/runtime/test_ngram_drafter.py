@@ -36,7 +36,7 @@ def test_proposals_append_drafts_to_decoding_sequences_only_and_their_q_is_one_h
     drafter = NgramDrafter(k=3, max_model_len=64, vocab_size=10, device="cpu")
     decoding, prefilling = (Sequence(i, [1, 2, 3, 1], SamplingParams(max_tokens=8), frozenset()) for i in range(2))
     decoding.num_computed = 3  # all but the last token have KV: decoding
-    drafter.propose([decoding, prefilling], 10)
+    drafter.propose([decoding, prefilling])
     assert decoding.token_ids == [1, 2, 3, 1, 2, 3, 1] and decoding.num_draft == 3
     assert prefilling.token_ids == [1, 2, 3, 1] and prefilling.num_draft == 0
     assert torch.equal(drafter.draft_probs(decoding), torch.eye(10)[[2, 3, 1]])
