@@ -6,9 +6,12 @@ minimizing || f(x; Q(W * s) / s) - f(x; W) ||^2, where f is the sub-module whose
 group feeds (attention, MLP, or the Linear itself). Salient channels (large mean|x|) get
 scaled up before rounding, so their relative rounding error shrinks.
 
-Clip search: per output channel and group, shrink the range to max|w| * (1 - i/grid) for
-i < grid/2, keeping the ratio that minimizes the error of the group's partial dot products
-with sampled inputs.
+Range search (AWQ's clip search, extended): per output channel and group, shrink the top and the
+bottom of the range independently to max * (1 - i/grid) and min * (1 - j/grid) for i, j < grid/2
+(symmetric: one shared shrink), refit the scale of the rounded codes by least squares, and keep the
+candidate that minimizes the error of the group's partial dot products with the calibration
+inputs, e^T H e with H = E[x x^T] over the group's input columns. H makes that error cost the
+same for 512 or 4,096 input tokens, so the search uses all the recorded ones.
 
 The module swap and the folding of scales into the model live in ``awq_apply.py``.
 """
@@ -20,7 +23,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from compress.quant.primitives import IntSpec, grouped, pseudo_quantize
+from compress.quant.primitives import IntSpec, grouped, pseudo_quantize, qparams, quantize, range_qparams
 
 
 @dataclass
@@ -60,23 +63,54 @@ def search_scale(
     return ScaleResult(cands[best], best / grid, losses[best], losses[0])
 
 
+def group_hessians(x: torch.Tensor, group_size: int) -> torch.Tensor:
+    """[G, g, g]: E[x_c x_d] over the rows of x [K, I], per group of input columns."""
+    xs = grouped(x.float(), group_size).permute(1, 0, 2)  # [G, K, g]
+    return xs.transpose(1, 2) @ xs / xs.shape[1]
+
+
+def weighted_error(e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """[o, G]: e^T H e per group, for weight errors e [o, G, g] and group Hessians h [G, g, g]."""
+    eh = torch.bmm(e.transpose(0, 1), h).transpose(0, 1)  # [o, G, g]
+    return (eh * e).sum(-1)
+
+
+def refit_scale(wg: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
+    """[o, G]: per group, the s minimizing (codes s - w)^T H (codes s - w) for fixed codes = q - z [o, G, g],
+    i.e. s = codes^T H w / codes^T H codes; ``scale`` where that is not a positive number."""
+    ch = torch.bmm(codes.transpose(0, 1), h).transpose(0, 1)  # [o, G, g]
+    num, den = (ch * wg).sum(-1), (ch * codes).sum(-1)
+    fit = num / den.clamp(min=1e-30)
+    return torch.where((den > 0) & (fit > 0), fit, scale)
+
+
+def centered_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec) -> torch.Tensor:
+    """[o, G, g] float q - z: the rounded weights w [o, I] in units of their group's scale."""
+    q = grouped(quantize(w, scale, zero, spec), spec.group_size).float()
+    return q - zero[..., None].float()
+
+
 @torch.no_grad()
-def search_clip(w: torch.Tensor, x: torch.Tensor, spec: IntSpec, grid: int = 20, max_shrink: float = 0.5, oc_batch: int = 256) -> torch.Tensor:
-    """Best clipping threshold [O, G] for w [O, I] given sampled inputs x [K, I]."""
-    xs = grouped(x, spec.group_size).permute(1, 0, 2)  # [G, K, g]
-    best = []
-    for wb in w.split(oc_batch):  # output channels in batches bound the memory
+def search_qparams(w: torch.Tensor, x: torch.Tensor, spec: IntSpec, grid: int = 20, max_shrink: float = 0.5,
+                   oc_batch: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and zero points [O, G] for w [O, I] given calibration inputs x [K, I]: never worse on x
+    than rounding each group's full range."""
+    h = group_hessians(x, spec.group_size)
+    shrinks = [1 - i / grid for i in range(max(1, int(max_shrink * grid)))]
+    pairs = [(a, a) for a in shrinks] if spec.symmetric else [(a, b) for a in shrinks for b in shrinks]
+    scales, zeros = [], []
+    for wb in w.float().split(oc_batch):  # output channels in batches bound the memory
         wg = grouped(wb, spec.group_size)  # [o, G, g]
-        ref = torch.einsum("ogc,gkc->ogk", wg, xs)  # [o, G, K] per-group partial outputs
-        org_max = wg.abs().amax(-1)  # [o, G]
-        best_err = torch.full_like(org_max, float("inf"))
-        best_max = org_max.clone()
-        for i in range(int(max_shrink * grid)):
-            max_val = org_max * (1 - i / grid)
-            q = grouped(pseudo_quantize(wb, spec, max_val), spec.group_size)
-            err = (torch.einsum("ogc,gkc->ogk", q, xs) - ref).float().pow(2).mean(-1)  # [o, G]
+        hi, lo = wg.amax(-1), wg.amin(-1)
+        best_s, best_z = qparams(wb, spec)
+        best_err = weighted_error(centered_codes(wb, best_s, best_z, spec) * best_s[..., None] - wg, h)
+        for a, b in pairs:
+            s, z = range_qparams(hi * a, lo * b, spec)
+            s = refit_scale(wg, centered_codes(wb, s, z, spec), s, h)
+            err = weighted_error(centered_codes(wb, s, z, spec) * s[..., None] - wg, h)  # re-rounded: what is stored
             better = err < best_err
             best_err = torch.where(better, err, best_err)
-            best_max = torch.where(better, max_val, best_max)
-        best.append(best_max)
-    return torch.cat(best)
+            best_s, best_z = torch.where(better, s, best_s), torch.where(better, z, best_z)
+        scales.append(best_s)
+        zeros.append(best_z)
+    return torch.cat(scales), torch.cat(zeros)

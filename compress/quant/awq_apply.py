@@ -11,12 +11,11 @@ from compress.calib import block_inputs, compute_device, on_device, record_input
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.apply import quantize_block
-from compress.quant.awq import ScaleResult, search_clip, search_scale
+from compress.quant.awq import ScaleResult, search_qparams, search_scale
 from compress.quant.config import QuantConfig
 from compress.quant.primitives import IntSpec
 
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")  # their error is shaped by softmax, not the output MSE
-CLIP_TOKENS = 512
 
 
 def head_mapping(block: nn.Module, group: ScaleGroup, head_dim: int):
@@ -69,17 +68,15 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
     inputs = {}
     for g, (res, expand) in zip(groups, found):
         fold_scales(block, g, res.scales, expand)
-        tokens = feats[g.module]["tokens"]  # in sequence order: stride through all of them
-        sample = tokens[:: max(1, len(tokens) // CLIP_TOKENS)][:CLIP_TOKENS]
         for name in g.linears:
-            inputs[name] = sample / expand(res.scales).to(x.dtype)
-    clips = {}
+            inputs[name] = feats[g.module]["tokens"] / expand(res.scales).to(x.dtype)
+    params = {}
     if cfg.clip_search:
-        clips = {
-            name: search_clip(block.get_submodule(name).weight, xs, spec, cfg.grid)
+        params = {
+            name: search_qparams(block.get_submodule(name).weight, xs, spec, cfg.grid)
             for name, xs in inputs.items() if name not in NO_CLIP
         }
-    quantize_block(block, spec, clips)
+    quantize_block(block, spec, params)
     return [res for res, _ in found]
 
 

@@ -27,10 +27,11 @@ class PackedLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, spec: IntSpec, max_val: torch.Tensor | None = None) -> "PackedLinear":
+    def from_float(cls, linear: nn.Linear, spec: IntSpec, params: tuple[torch.Tensor, torch.Tensor] | None = None) -> "PackedLinear":
+        """Round ``linear`` to ``spec`` with (scale, zero) [O, G] from ``params`` (a search) or each group's range."""
         w = linear.weight.detach()
         new = cls(linear.in_features, linear.out_features, spec, linear.bias is not None, w.dtype)
-        scale, zero = qparams(w, spec, max_val)
+        scale, zero = params if params is not None else qparams(w, spec)
         new.weight_packed.copy_(packing.pack(quantize(w, scale, zero, spec), spec.bits))
         new.weight_scale.copy_(scale)
         if not spec.symmetric:

@@ -43,23 +43,20 @@ def grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:
     return w.reshape(out, inp // group_size, group_size)
 
 
-def qparams(w: torch.Tensor, spec: IntSpec, max_val: torch.Tensor | None = None):
-    """Scales and zero points [O, I/g] (fp32, int32) from the range of each group.
-
-    ``max_val`` [O, I/g] clips each group's range to [-max_val, max_val] (the AWQ clip search).
-    """
-    g = grouped(w.float(), spec.group_size)  # [O, G, g]
-    hi, lo = g.amax(-1), g.amin(-1)  # [O, G]
-    if max_val is not None:
-        hi, lo = torch.minimum(hi, max_val), torch.maximum(lo, -max_val)
+def range_qparams(hi: torch.Tensor, lo: torch.Tensor, spec: IntSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and zero points [O, G] (fp32, int32) whose grid spans [lo, hi] [O, G] (symmetric: +-max|.|)."""
     if spec.symmetric:
         half = 2 ** (spec.bits - 1)
         scale = torch.maximum(hi.abs(), lo.abs()).clamp(min=1e-8) / (half - 1)
-        zero = torch.full_like(scale, half, dtype=torch.int32)
-    else:
-        scale = (hi - lo).clamp(min=1e-8) / spec.qmax
-        zero = torch.round(-lo / scale).clamp(0, spec.qmax).to(torch.int32)
-    return scale, zero
+        return scale, torch.full_like(scale, half, dtype=torch.int32)
+    scale = (hi - lo).clamp(min=1e-8) / spec.qmax
+    return scale, torch.round(-lo / scale).clamp(0, spec.qmax).to(torch.int32)
+
+
+def qparams(w: torch.Tensor, spec: IntSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and zero points [O, I/g] (fp32, int32) from the range of each group."""
+    g = grouped(w.float(), spec.group_size)  # [O, G, g]
+    return range_qparams(g.amax(-1), g.amin(-1), spec)
 
 
 def quantize(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec) -> torch.Tensor:
@@ -75,7 +72,10 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_s
     return ((g - zero[..., None].to(scale.dtype)) * scale[..., None]).reshape(q.shape)
 
 
-def pseudo_quantize(w: torch.Tensor, spec: IntSpec, max_val: torch.Tensor | None = None) -> torch.Tensor:
-    """Round trip w -> codes -> w in w's dtype: what the model computes with after quantization."""
-    scale, zero = qparams(w, spec, max_val)
+def pseudo_quantize(w: torch.Tensor, spec: IntSpec, params: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """Round trip w -> codes -> w in w's dtype: what the model computes with after quantization.
+
+    ``params`` (scale, zero) [O, I/g] replaces the ones from each group's range (a search's result).
+    """
+    scale, zero = params if params is not None else qparams(w, spec)
     return dequantize(quantize(w, scale, zero, spec), scale, zero, spec.group_size).to(w.dtype)

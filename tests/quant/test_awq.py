@@ -4,7 +4,7 @@ import torch
 from compress.model.config import ModelConfig
 from compress.model.load import build, load_weights
 from compress.quant.apply import layer_linears, quantize
-from compress.quant.awq import candidate_scales, search_clip
+from compress.quant.awq import candidate_scales, group_hessians, refit_scale, search_qparams, weighted_error
 from compress.quant.awq_apply import fold_scales, head_mapping
 from compress.quant.config import QuantConfig
 from compress.quant.linear import PackedLinear
@@ -80,15 +80,50 @@ def test_candidate_scales_start_at_plain_rounding():
     assert torch.allclose(cands.amax(1) * cands.amin(1), torch.ones(20), atol=1e-5)
 
 
-def test_clip_search_never_worse_than_no_clip():
+def output_error(w, q, x):
+    return (x @ (q - w).T).pow(2).mean().item()
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_range_search_beats_plain_rounding(symmetric):
     w = torch.randn(32, 128)
-    w[:, 5] *= 8  # a few large weights make the unclipped range wasteful
+    w[:, 5] *= 8  # a few large weights make the full range wasteful
     x = torch.randn(256, 128)
-    spec = IntSpec(3, 64)
-    max_val = search_clip(w, x, spec)
+    spec = IntSpec(3, 64, symmetric)
+    found = search_qparams(w, x, spec)
+    assert output_error(w, pseudo_quantize(w, spec, found), x) < 0.8 * output_error(w, pseudo_quantize(w, spec), x)
 
-    def err(q):
-        return (x @ (q - w).T).pow(2).mean()
 
-    assert err(pseudo_quantize(w, spec, max_val)) <= err(pseudo_quantize(w, spec)) + 1e-6
-    assert (max_val < w.view(32, 2, 64).abs().amax(-1)).any()
+def test_range_search_clips_one_side_only():
+    # Column 0 holds each row's most negative weight but its input is ~0, so clipping it is free;
+    # column 1 holds the largest weight and a busy input. The bottom shrinks, the top stays.
+    g = torch.Generator().manual_seed(0)
+    w = torch.rand(16, 64, generator=g) - 0.5
+    w[:, 0], w[:, 1] = -6.0, 3.0
+    x = torch.randn(512, 64, generator=g)
+    x[:, 0] *= 1e-3
+    spec = IntSpec(4, 64)
+    scale, zero = search_qparams(w, x, spec)
+    bottom, top = -zero * scale, (spec.qmax - zero) * scale  # [16, 1] the grid's ends
+    assert (bottom > -4.0).all()
+    assert (top > 3.0 - scale).all()  # 3.0 within a step of the top code
+
+
+def test_refit_scale_is_the_weighted_least_squares_optimum():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(300, 32, generator=g)
+    h = group_hessians(x, 16)  # [2, 16, 16]
+    assert torch.allclose(h[1], x[:, 16:].T @ x[:, 16:] / 300, atol=1e-5)
+    wg = torch.randn(4, 2, 16, generator=g)
+    codes = (wg / 0.3).round().clamp(-8, 7)  # rounded on a grid of 0.3, clipped at the ends
+    s = refit_scale(wg, codes, torch.full((4, 2), 0.3), h)
+    assert not torch.allclose(s, torch.full((4, 2), 0.3))
+
+    def err(scale):
+        return weighted_error(codes * scale[..., None] - wg, h)
+
+    e = codes * s[..., None] - wg  # [4, 2, 16]
+    direct = torch.stack([((x[:, 16 * j:16 * j + 16] @ e[:, j].T) ** 2).mean(0) for j in range(2)], 1)  # [4, 2]
+    assert torch.allclose(err(s), direct, rtol=1e-4)  # e^T H e is the group's mean squared partial output error
+    for step in (0.99, 1.01):
+        assert (err(s) <= err(s * step) + 1e-6).all()

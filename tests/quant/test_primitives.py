@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from compress.quant.primitives import IntSpec, dequantize, pseudo_quantize, qparams, quantize
+from compress.quant.primitives import IntSpec, dequantize, pseudo_quantize, qparams, quantize, range_qparams
 
 
 @pytest.mark.parametrize("bits", [3, 4, 8])
@@ -27,13 +27,19 @@ def test_per_channel_is_one_group():
     assert scale.shape == (4, 1)
 
 
-def test_clipping_range_is_respected():
+def test_a_narrower_range_is_respected():
     w = torch.tensor([[-4.0, -1.0, 0.5, 4.0]])
     spec = IntSpec(4, 4)
-    out = pseudo_quantize(w, spec, max_val=torch.tensor([[1.0]]))
+    out = pseudo_quantize(w, spec, range_qparams(torch.tensor([[1.0]]), torch.tensor([[-1.0]]), spec))
     half_step = 2.0 / 15 / 2  # the zero point rounds to the grid, shifting the range by up to half a step
     assert out.abs().max() <= 1.0 + half_step + 1e-6
-    assert (out - pseudo_quantize(w, spec)).abs().max() > 1.0  # without the clip, +-4 survive
+    assert (out - pseudo_quantize(w, spec)).abs().max() > 1.0  # without the narrower range, +-4 survive
+
+
+def test_symmetric_range_is_the_larger_side():
+    spec = IntSpec(4, 4, symmetric=True)
+    scale, zero = range_qparams(torch.tensor([[0.5]]), torch.tensor([[-7.0]]), spec)
+    assert scale.item() == pytest.approx(1.0) and zero.item() == 8
 
 
 def test_bad_spec():
