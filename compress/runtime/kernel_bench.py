@@ -1,12 +1,12 @@
 """The CPU kernels against the torch paths they replace, on SmolLM2-135M's shapes, in one run.
 
-    OMP_NUM_THREADS=1 python -m compress.runtime.kernel_bench [--repeats 5]
+    OMP_NUM_THREADS=1 python -m compress.runtime.kernel_bench [--repeats 5] [--rows 1,8,16,64,512]
 
 Decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens (the mixed
 workload's busiest step), their blocks scattered over the pool as after a while of serving, 30
 layers: ``PagedAttention`` with the C kernel vs its torch path (grouped gather + SDPA). Linears:
 a step's 210 Linears and the lm_head at 1, 8, 16, 64 and 512 rows (batch-1 decode to a prompt
-chunk): ``linear_cpu`` (the C GEMM, weights packed once) vs torch's GEMM. Times are the fastest
+chunk; ``--rows`` picks others, e.g. 5 for a batch-1 speculative verification with 4 drafts): ``linear_cpu`` (the C GEMM, weights packed once) vs torch's GEMM. Times are the fastest
 of ``--repeats`` (ms per step); the ratio is torch / C.
 """
 
@@ -67,7 +67,14 @@ def linear_step(rows: int, weights: list[torch.Tensor], panels: list[torch.Tenso
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rows", default="1,8,16,64,512", help="comma-separated row counts of the Linear rows")
     args = parser.parse_args(argv)
+    try:
+        row_counts = [int(r) for r in args.rows.split(",")]
+    except ValueError:
+        raise SystemExit(f"error: --rows {args.rows!r} must be comma-separated whole numbers, e.g. 1,5") from None
+    if min(row_counts) < 1:
+        raise SystemExit(f"error: --rows {args.rows!r}: every row count must be at least 1")
     if paged_attention_cpu.load() is None or linear_cpu.load() is None:
         raise SystemExit("error: the CPU kernels do not build here (no working C compiler; set CC)")
     print(f"{torch.get_num_threads()} threads, fastest of {args.repeats}")
@@ -78,7 +85,7 @@ def main(argv: list[str] | None = None) -> None:
     weights = [torch.randn(o, i, generator=gen) for _ in range(LAYERS) for o, i in LINEARS]
     weights.append(torch.randn(VOCAB, HIDDEN, generator=gen))  # the lm_head
     panels = [linear_cpu.pack(w) for w in weights]
-    for rows in (1, 8, 16, 64, 512):
+    for rows in row_counts:
         torch_ms, c_ms = linear_step(rows, weights, panels, args.repeats)
         print(f"| {len(weights) - 1} Linears + lm_head, {rows} row{'s' if rows > 1 else ''} | {torch_ms:.1f} | {c_ms:.1f} | {torch_ms / c_ms:.2f}x |")
 

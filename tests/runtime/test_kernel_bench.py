@@ -22,3 +22,18 @@ def test_table_has_a_row_per_op(capsys, monkeypatch):
     out = capsys.readouterr().out
     assert "| decode attention, 64 seqs, 123 KV tokens, 1 layers | 2.0 | 1.0 | 2.00x |" in out
     assert sum(line.startswith("| 7 Linears + lm_head") for line in out.splitlines()) == 5
+
+
+def test_rows_picks_the_linear_rows(capsys, monkeypatch):
+    monkeypatch.setattr(kernel_bench, "attention_step", lambda repeats: (2.0, 1.0, 123))
+    monkeypatch.setattr(kernel_bench, "LAYERS", 1)
+    monkeypatch.setattr(kernel_bench, "VOCAB", 64)
+    kernel_bench.main(["--repeats", "1", "--rows", "1,5"])
+    rows = [line.split("|")[1].strip() for line in capsys.readouterr().out.splitlines() if "Linears" in line]
+    assert rows == ["7 Linears + lm_head, 1 row", "7 Linears + lm_head, 5 rows"]
+
+
+@pytest.mark.parametrize("rows", ["1,x", "0,5"])
+def test_bad_rows_is_one_line(rows):
+    with pytest.raises(SystemExit, match="--rows"):
+        kernel_bench.main(["--rows", rows])
