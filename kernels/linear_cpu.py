@@ -29,7 +29,11 @@ SOURCE = r"""
 typedef float v8 __attribute__((vector_size(32)));
 typedef float v8u __attribute__((vector_size(32), aligned(4)));
 
-/* A tile of NR <= 6 rows of x times one panel: 2 * NR accumulators that never leave registers. */
+/* A tile of NR <= 6 rows of x times one panel: 2 * NR accumulators that never leave registers.
+   From 2 rows on, the FMAs keep the core busy enough that the hardware prefetcher falls behind the
+   panel stream: asking for the weights PREFETCH rows (4 KiB) ahead made 5 rows 1.4x faster on a
+   Zen core (a prefetch never faults, so running past the panel's end is harmless). */
+#define PREFETCH 64
 #define ACC(r) v8 a##r##0 = {0}, a##r##1 = {0};
 #define FMA(r) if (NR > r) { const float b = x[(size_t)(r) * I + i]; a##r##0 += b * w0; a##r##1 += b * w1; }
 #define STORE(r) if (NR > r) { *(v8u *)(y + (size_t)(r) * ys) = a##r##0; *(v8u *)(y + (size_t)(r) * ys + 8) = a##r##1; }
@@ -38,6 +42,7 @@ static void tile##ROWS(const float *x, const float *p, float *y, int I, int ys) 
     enum { NR = ROWS }; \
     ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5) \
     for (int i = 0; i < I; i++) { \
+        if (NR > 1) __builtin_prefetch(p + (size_t)(i + PREFETCH) * 16, 0, 0); \
         const v8 w0 = *(const v8u *)(p + (size_t)i * 16), w1 = *(const v8u *)(p + (size_t)i * 16 + 8); \
         FMA(0) FMA(1) FMA(2) FMA(3) FMA(4) FMA(5) \
     } \

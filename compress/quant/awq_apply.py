@@ -1,4 +1,4 @@
-"""Run AWQ over a model block by block: record inputs, search, fold scales, clip, swap.
+"""Run AWQ over a model block by block: record inputs, search, fold scales, search grids, swap.
 
 The searches (``awq.py``) return numbers; this file is where the model changes.
 """
