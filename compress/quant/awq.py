@@ -10,8 +10,8 @@ Range search (AWQ's clip search, extended): per output channel and group, shrink
 bottom of the range independently to max * (1 - i/grid) and min * (1 - j/grid) for i, j < grid/2
 (symmetric: one shared shrink), refit the scale of the rounded codes by least squares, and keep the
 candidate that minimizes the error of the group's partial dot products with the calibration
-inputs, e^T H e with H = E[x x^T] over the group's input columns. H makes that error cost the
-same for 512 or 4,096 input tokens, so the search uses all the recorded ones.
+inputs, e^T H e with H = E[x x^T] over the group's input columns. With H built once, the search's
+cost does not grow with the number of input tokens, so it uses all the recorded ones.
 
 The module swap and the folding of scales into the model live in ``awq_apply.py``.
 """
@@ -90,12 +90,18 @@ def centered_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spe
     return q - zero[..., None].float()
 
 
+def grid_error(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec, h: torch.Tensor) -> torch.Tensor:
+    """[o, G]: e^T H e of rounding w [o, I] (fp32) to the grid (scale, zero) [o, G]."""
+    return weighted_error(centered_codes(w, scale, zero, spec) * scale[..., None] - grouped(w, spec.group_size), h)
+
+
 @torch.no_grad()
-def search_qparams(w: torch.Tensor, x: torch.Tensor, spec: IntSpec, grid: int = 20, max_shrink: float = 0.5,
+def search_qparams(w: torch.Tensor, h: torch.Tensor, spec: IntSpec, grid: int = 20, max_shrink: float = 0.5,
                    oc_batch: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scales and zero points [O, G] for w [O, I] given calibration inputs x [K, I]: never worse on x
-    than rounding each group's full range."""
-    h = group_hessians(x, spec.group_size)
+    """Scales and zero points [O, G] for w [O, I] given its inputs' group Hessians h [G, g, g]
+    (``group_hessians``). Per group, e^T H e is never above plain rounding's, for the fp32 scale
+    (the stored one is rounded to the weight's dtype)."""
+    h = h.float()
     shrinks = [1 - i / grid for i in range(max(1, int(max_shrink * grid)))]
     pairs = [(a, a) for a in shrinks] if spec.symmetric else [(a, b) for a in shrinks for b in shrinks]
     scales, zeros = [], []
@@ -103,11 +109,11 @@ def search_qparams(w: torch.Tensor, x: torch.Tensor, spec: IntSpec, grid: int = 
         wg = grouped(wb, spec.group_size)  # [o, G, g]
         hi, lo = wg.amax(-1), wg.amin(-1)
         best_s, best_z = qparams(wb, spec)
-        best_err = weighted_error(centered_codes(wb, best_s, best_z, spec) * best_s[..., None] - wg, h)
+        best_err = grid_error(wb, best_s, best_z, spec, h)
         for a, b in pairs:
             s, z = range_qparams(hi * a, lo * b, spec)
             s = refit_scale(wg, centered_codes(wb, s, z, spec), s, h)
-            err = weighted_error(centered_codes(wb, s, z, spec) * s[..., None] - wg, h)  # re-rounded: what is stored
+            err = grid_error(wb, s, z, spec, h)  # re-rounded to the refit scale: what is stored
             better = err < best_err
             best_err = torch.where(better, err, best_err)
             best_s, best_z = torch.where(better, s, best_s), torch.where(better, z, best_z)

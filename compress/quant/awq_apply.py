@@ -11,7 +11,7 @@ from compress.calib import block_inputs, compute_device, on_device, record_input
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.apply import quantize_block
-from compress.quant.awq import ScaleResult, search_qparams, search_scale
+from compress.quant.awq import ScaleResult, group_hessians, search_qparams, search_scale
 from compress.quant.config import QuantConfig
 from compress.quant.primitives import IntSpec
 
@@ -65,17 +65,15 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
     """Search, fold and quantize one block in place; returns each group's search result."""
     feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed)
     found = [search_group(block, g, feats, spec, cfg, head_dim) for g in groups]
-    inputs = {}
+    hessians = {}  # per searched Linear: its group's input second moments [G, g, g], shared by the group
     for g, (res, expand) in zip(groups, found):
         fold_scales(block, g, res.scales, expand)
-        for name in g.linears:
-            inputs[name] = feats[g.module]["tokens"] / expand(res.scales).to(x.dtype)
-    params = {}
-    if cfg.clip_search:
-        params = {
-            name: search_qparams(block.get_submodule(name).weight, xs, spec, cfg.grid)
-            for name, xs in inputs.items() if name not in NO_CLIP
-        }
+        searched = [name for name in g.linears if name not in NO_CLIP] if cfg.clip_search else []
+        if searched:
+            h = group_hessians(feats[g.module]["tokens"] / expand(res.scales).to(x.dtype), spec.group_size)
+            hessians |= dict.fromkeys(searched, h)
+    # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
+    params = {name: search_qparams(block.get_submodule(name).weight, h, spec, cfg.grid) for name, h in hessians.items()}
     quantize_block(block, spec, params)
     return [res for res, _ in found]
 

@@ -22,7 +22,7 @@ class QuantConfig:
     calib_samples: int = 128
     calib_seq_len: int = 512
     seed: int = 0
-    grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}
+    grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}; range shrinks in steps of 1/grid
     clip_search: bool = True  # AWQ: search each group's grid (range and scale) after scaling
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.

@@ -49,6 +49,7 @@ def range_qparams(hi: torch.Tensor, lo: torch.Tensor, spec: IntSpec) -> tuple[to
         half = 2 ** (spec.bits - 1)
         scale = torch.maximum(hi.abs(), lo.abs()).clamp(min=1e-8) / (half - 1)
         return scale, torch.full_like(scale, half, dtype=torch.int32)
+    hi, lo = hi.clamp(min=0), lo.clamp(max=0)  # the grid holds 0, so an all-positive group keeps its top
     scale = (hi - lo).clamp(min=1e-8) / spec.qmax
     return scale, torch.round(-lo / scale).clamp(0, spec.qmax).to(torch.int32)
 

@@ -6,7 +6,8 @@ Decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens
 workload's busiest step), their blocks scattered over the pool as after a while of serving, 30
 layers: ``PagedAttention`` with the C kernel vs its torch path (grouped gather + SDPA). Linears:
 a step's 210 Linears and the lm_head at 1, 8, 16, 64 and 512 rows (batch-1 decode to a prompt
-chunk; ``--rows`` picks others, e.g. 5 for a batch-1 speculative verification with 4 drafts): ``linear_cpu`` (the C GEMM, weights packed once) vs torch's GEMM. Times are the fastest
+chunk; ``--rows`` picks others, e.g. 5 for a batch-1 speculative verification with 4
+drafts): ``linear_cpu`` (the C GEMM, weights packed once) vs torch's GEMM. Times are the fastest
 of ``--repeats`` (ms per step); the ratio is torch / C.
 """
 
@@ -67,7 +68,7 @@ def linear_step(rows: int, weights: list[torch.Tensor], panels: list[torch.Tenso
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rows", default="1,8,16,64,512", help="comma-separated row counts of the Linear rows")
+    parser.add_argument("--rows", default="1,8,16,64,512", help="comma-separated row counts to time the Linears at")
     args = parser.parse_args(argv)
     try:
         row_counts = [int(r) for r in args.rows.split(",")]

@@ -20,6 +20,13 @@ def test_error_bounded_by_half_a_step(bits, group_size, symmetric):
     assert (err <= bound).all()
 
 
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_a_one_signed_group_stays_on_the_grid(sign):
+    w = sign * (torch.rand(3, 16) + 1.0)  # every weight in [1, 2): the range must still reach them
+    spec = IntSpec(4, 16)
+    assert (pseudo_quantize(w, spec) - w).abs().max() <= 2.0 / 15 / 2 + 1e-6
+
+
 def test_per_channel_is_one_group():
     w = torch.randn(4, 40)
     spec = IntSpec(4, 40)
