@@ -40,6 +40,15 @@ class PackedLinear(nn.Module):
             new.bias.data.copy_(linear.bias.detach())
         return new.to(w.device)
 
+    def codes(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(codes uint8 [O, I], scale [O, G], zero int32 [O, G]): the weight is (codes - zero) * scale per group."""
+        q = packing.unpack(self.weight_packed, self.spec.bits, self.in_features)
+        if self.spec.symmetric:
+            zero = torch.full_like(self.weight_scale, 2 ** (self.spec.bits - 1), dtype=torch.int32)
+        else:
+            zero = packing.unpack_zero_points(self.weight_zero_point, self.spec.bits, self.out_features).to(torch.int32)
+        return q, self.weight_scale, zero
+
     def dequantized(self) -> torch.Tensor:
         return kernels.dequantize_packed(self.weight_packed, self.weight_scale, self.weight_zero_point, self.spec.bits, self.in_features)
 

@@ -3,10 +3,10 @@
 Counted from the tensors themselves (parameters and buffers; a tied weight once), not from a
 formula. A step reads every weight once, except an embedding table the lm_head does not share,
 of which it reads only the rows of its tokens (left out here); a shared table is read whole by the
-lm_head. On CPU the engine holds every Linear packed in panels for its C GEMM, int4/int3
-PackedLinears dequantized (`model_runner.cpu_linears`; a tied lm_head gets panels of its own), so
-what the CPU path reads is the dense size; `stored` is the checkpoint as loaded before that swap,
-which is what the CUDA path keeps and reads.
+lm_head. On CPU the engine holds every Linear packed in panels for a C GEMM (`cpu_linears`; a tied
+lm_head gets panels of its own): fp32 weights dense, int4/int3 PackedLinears as 4-bit panels with
+an fp32 scale and offset per group (dequantized to dense only where that kernel cannot build);
+`stored` is the checkpoint as loaded before that swap, which is what the CUDA path keeps and reads.
 """
 
 from dataclasses import dataclass
@@ -21,7 +21,7 @@ from compress.roofline import kv_bytes_per_token
 @dataclass(frozen=True)
 class Footprint:
     stored: int  # weight bytes a step reads with the checkpoint's own storage (int4/int3 packed)
-    read: int  # weight bytes a step reads on this engine (CPU: packed weights dequantized to dense)
+    read: int  # weight bytes a step reads on this engine (CPU: as cpu_linears holds them)
     kv_per_token: int  # K and V bytes of one cached token, all layers, in the engine's dtype
 
     def step_bytes(self, batch: int, context: int, stored: bool = False) -> int:

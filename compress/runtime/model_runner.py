@@ -5,55 +5,15 @@ from itertools import accumulate
 
 import psutil
 import torch
-from torch import nn
 
 from compress.errors import UserError
-from compress.kernels import linear_cpu, paged_attention_cpu
+from compress.kernels import paged_attention_cpu
 from compress.model.decoder import Decoder
-from compress.quant.linear import PackedLinear
 from compress.roofline import kv_bytes_per_token
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
+from compress.runtime.cpu_linears import PanelLinear, cpu_linears
 from compress.runtime.scheduler import ScheduledBatch
-
-
-class PanelLinear(nn.Module):
-    """A Linear whose fp32 weight is held packed for kernels/linear_cpu.py (the C GEMM), which runs every call."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
-        self.register_buffer("panels", linear_cpu.pack(weight))
-        self.bias = None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_cpu.linear(x, self.panels, self.out_features, self.bias)
-
-
-def cpu_linears(model: nn.Module) -> int:
-    """Swap every Linear and int4/int3 PackedLinear for a PanelLinear; returns how many were packed.
-
-    A PackedLinear on CPU would unpack its weight on every forward (the reference path computes
-    x @ dequant(W)^T), which would dominate decode; here it is dequantized once at start instead:
-    same math, at the memory cost of a dense weight. Where the C GEMM cannot run (no compiler,
-    not fp32) Linears stay as they are and PackedLinears become plain Linears of the dequantized
-    weight. A tied lm_head gets panels of its own; the embedding keeps the original.
-    """
-    swaps = [(name, m) for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]
-    for name, m in swaps:
-        packed = isinstance(m, PackedLinear)
-        weight = m.dequantized() if packed else m.weight.detach()
-        if linear_cpu.supports(weight):
-            new = PanelLinear(weight, m.bias)
-        elif packed:
-            new = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
-            new.weight = nn.Parameter(weight, requires_grad=False)
-            new.bias = None if m.bias is None else nn.Parameter(m.bias.detach(), requires_grad=False)
-        else:
-            continue
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent), attr, new)
-    return sum(isinstance(m, PackedLinear) for _, m in swaps)
 
 
 def kv_block_bytes(cfg, block_size: int, dtype: torch.dtype) -> int:
@@ -71,8 +31,12 @@ class ModelRunner:
     def __init__(self, model: Decoder, config: EngineConfig, max_model_len: int):
         self.config, self.device = config, torch.device(config.device)
         self.model = model.to(self.device).eval()
-        if self.device.type == "cpu" and cpu_linears(self.model):
-            print("runtime: int4/int3 weights dequantized once for the CPU path", file=sys.stderr)
+        if self.device.type == "cpu":
+            packed = cpu_linears(self.model)
+            if packed["4-bit"]:
+                print(f"runtime: {packed['4-bit']} int4/int3 Linears run the 4-bit C GEMM", file=sys.stderr)
+            if packed["dequantized"]:
+                print(f"runtime: {packed['dequantized']} int4/int3 Linears dequantized once (no 4-bit CPU kernel here)", file=sys.stderr)
         cfg = model.cfg
         self.block_size = config.block_size
         self.num_blocks = self._pool_blocks(max_model_len)

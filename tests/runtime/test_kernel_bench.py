@@ -2,10 +2,10 @@
 
 import pytest
 
-from compress.kernels import linear_cpu, paged_attention_cpu
+from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu
 from compress.runtime import kernel_bench
 
-pytestmark = pytest.mark.skipif(paged_attention_cpu.load() is None or linear_cpu.load() is None, reason="no C compiler")
+pytestmark = pytest.mark.skipif(None in (paged_attention_cpu.load(), linear_cpu.load(), nibble_linear_cpu.load()), reason="no C compiler")
 
 
 def test_both_paths_are_timed_on_the_same_step():
@@ -20,8 +20,9 @@ def test_table_has_a_row_per_op(capsys, monkeypatch):
     monkeypatch.setattr(kernel_bench, "VOCAB", 64)
     kernel_bench.main(["--repeats", "1"])
     out = capsys.readouterr().out
-    assert "| decode attention, 64 seqs, 123 KV tokens, 1 layers | 2.0 | 1.0 | 2.00x |" in out
-    assert sum(line.startswith("| 7 Linears + lm_head") for line in out.splitlines()) == 5
+    assert "| decode attention, 64 seqs, 123 KV tokens, 1 layers | 2.0 | 1.0 | 2.00x | | |" in out
+    rows = [line.split("|") for line in out.splitlines() if line.startswith("| 7 Linears + lm_head")]
+    assert len(rows) == 5 and all(float(r[5]) > 0 and r[6].strip().endswith("x") for r in rows)  # the int4 time and ratio
 
 
 def test_rows_picks_the_linear_rows(capsys, monkeypatch):

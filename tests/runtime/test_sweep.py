@@ -21,6 +21,12 @@ def packed_bytes(out: int, inp: int, g: int = 64) -> int:
     return out * inp // 2 + out * (inp // g) * 4 + -(-out // 8) * (inp // g) * 4 + 2 * 8
 
 
+def nibble_bytes(out: int, inp: int, g: int = 64) -> int:
+    """int4 on the CPU path (NibbleLinear): codes half a byte each, fp32 scale and offset per group, in 16-row panels."""
+    rows = -(-out // 16) * 16
+    return rows * inp // 2 + 2 * rows * (inp // g) * 4
+
+
 def test_footprint_is_a_hand_count(tiny_dir):
     fp = footprint(LLM(tiny_dir, kv_cache_memory=1 << 20), tiny_dir)
     assert fp.read == fp.stored == dense_step_bytes()
@@ -28,10 +34,11 @@ def test_footprint_is_a_hand_count(tiny_dir):
     assert fp.step_bytes(8, 100) == dense_step_bytes() + 8 * 100 * fp.kv_per_token
 
 
-def test_int4_is_counted_packed_as_stored_and_dense_as_the_cpu_path_reads_it(tiny_int4_dir):
+def test_int4_is_counted_packed_as_stored_and_in_4_bit_panels_as_the_cpu_path_reads_it(tiny_int4_dir):
     fp = footprint(LLM(tiny_int4_dir, kv_cache_memory=1 << 20), tiny_int4_dir)
     assert fp.stored == 4 * (V * C + L * 2 * C + C) + L * sum(packed_bytes(o, i) for o, i in LINEARS)
-    assert fp.read == dense_step_bytes()  # dequantized once at engine start (model_runner.cpu_linears)
+    dense_linears = 4 * L * sum(o * i for o, i in LINEARS)
+    assert fp.read == dense_step_bytes() - dense_linears + L * sum(nibble_bytes(o, i) for o, i in LINEARS)
     assert fp.step_bytes(2, 10, stored=True) == fp.stored + 2 * 10 * fp.kv_per_token
 
 
