@@ -95,10 +95,15 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     """weight [O, I] -> panels [ceil(O/16), I, 16]: panel c, row i holds weight[16c:16c+16, i] (zeros past O)."""
     if weight.dim() != 2 or weight.dtype != torch.float32:
         raise ValueError(f"weight must be a 2-D torch.float32 matrix, got {weight.dtype} of shape {list(weight.shape)}")
-    out_features, in_features = weight.shape
-    padded = weight.new_zeros(-(-out_features // PANEL) * PANEL, in_features)
-    padded[:out_features] = weight
-    return padded.view(-1, PANEL, in_features).transpose(1, 2).contiguous()
+    return panels_of(weight)
+
+
+def panels_of(t: torch.Tensor) -> torch.Tensor:
+    """[O, K] of any dtype -> [ceil(O/16), K, 16]: 16 rows interleaved per panel, zeros past O."""
+    out_features, k = t.shape
+    padded = t.new_zeros(-(-out_features // PANEL) * PANEL, k)
+    padded[:out_features] = t
+    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
 
 
 def linear(x: torch.Tensor, panels: torch.Tensor, out_features: int, bias: torch.Tensor | None = None) -> torch.Tensor:

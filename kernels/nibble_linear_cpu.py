@@ -21,8 +21,7 @@ import torch
 
 from compress.kernels import cpu_build
 from compress.kernels.checks import check_bias
-
-PANEL = 16  # output rows per panel: two 8-float vectors, the low and the high nibbles of 8 bytes
+from compress.kernels.linear_cpu import PANEL, panels_of
 
 SOURCE = r"""
 #include <stddef.h>
@@ -35,7 +34,7 @@ typedef unsigned char u8x8 __attribute__((vector_size(8), aligned(1)));
 typedef int i8 __attribute__((vector_size(32)));
 
 /* 8 bytes zero-extended to 8 int32 lanes. GCC turns the portable form into 8 scalar loads; on x86 one
-   vpmovzxbd does it (the loop then runs ~2x faster). */
+   vpmovzxbd does it (the loop ran ~3x faster with it). */
 #if defined(__AVX2__)
 #include <immintrin.h>
 static inline i8 widen(const unsigned char *p) { return (i8)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
@@ -80,7 +79,7 @@ static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
 int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
            int M, int O, int I, int G, int threads) {
     const int gs = I / G, panels = (O + 15) / 16;
-    float *xs = malloc(sizeof(float) * (size_t)M * G);  /* [M, G] per-group sums of x */
+    float *xs = malloc(sizeof(float) * ((size_t)M * G + 1));  /* [M, G] per-group sums of x (+1: never malloc(0)) */
     if (!xs) return 1;
     for (int m = 0; m < M; m++)
         for (int g = 0; g < G; g++) {
@@ -127,24 +126,16 @@ def supports(scale: torch.Tensor) -> bool:
     return scale.device.type == "cpu" and load() is not None
 
 
-def _panels(t: torch.Tensor) -> torch.Tensor:
-    """[O, K] -> [ceil(O/16), K, 16], zeros past O."""
-    out_features, k = t.shape
-    padded = t.new_zeros(-(-out_features // PANEL) * PANEL, k)
-    padded[:out_features] = t
-    return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
-
-
 def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """codes uint8 [O, I] in [0, 16), scale and zero [O, G] -> (codes [P, I, 8] uint8, scales, offsets [P, G, 16] fp32)."""
     if codes.dim() != 2 or scale.shape != zero.shape or scale.shape[0] != codes.shape[0] or codes.shape[1] % scale.shape[1]:
         raise ValueError(f"codes {list(codes.shape)}, scale {list(scale.shape)} and zero {list(zero.shape)} do not describe one grouped weight")
     if codes.dtype != torch.uint8 or int(codes.max()) > 15:
         raise ValueError("codes must be uint8 values below 16 (int4 or int3)")
-    p = _panels(codes)  # [P, I, 16]
+    p = panels_of(codes)  # [P, I, 16]
     nibbles = p[..., :8] | (p[..., 8:] << 4)  # [P, I, 8]
     s = scale.float()
-    return nibbles.contiguous(), _panels(s), _panels(-zero.float() * s)
+    return nibbles.contiguous(), panels_of(s), panels_of(-zero.float() * s)
 
 
 def linear(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], out_features: int,

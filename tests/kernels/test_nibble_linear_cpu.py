@@ -60,6 +60,12 @@ def test_threads_and_non_contiguous_inputs():
         torch.set_num_threads(threads)
 
 
+@needs_kernel
+def test_no_rows_gives_an_empty_result():
+    packed = kernel.pack(*random_weight(20, 32, 16, 4, seed=0))
+    assert kernel.linear(torch.randn(0, 32), packed, 20).shape == (0, 20)
+
+
 def test_pack_puts_rows_j_and_j_plus_8_in_one_byte():
     codes = (torch.arange(20 * 3) % 16).to(torch.uint8).view(20, 3)  # [O=20, I=3]
     scale, zero = torch.full((20, 1), 0.5), torch.full((20, 1), 3, dtype=torch.int32)
