@@ -1,6 +1,6 @@
 """y = x dequant(W)^T (+ b) on CPU, fp32 activations, for group-quantized int4/int3 W: a small C GEMM
-built by ``cpu_build`` over codes held as 4-bit nibbles. Imports only torch, the standard library and
-the shared checks (torch and triton).
+built by ``cpu_build`` over codes held as 4-bit nibbles. Imports only torch, the standard library,
+the shared checks (torch and triton) and ``linear_cpu``'s panel layout.
 
 Why: the fp32 C GEMM (``linear_cpu``) reads 4 bytes per weight, and at 1-8 rows that read is the
 step's cost. Here a weight is half a byte plus its group's scale and offset, so a decode step of an

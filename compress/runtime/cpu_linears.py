@@ -52,10 +52,10 @@ def nibble_ready(m: PackedLinear) -> bool:
     return m.spec.bits <= 4 and m.weight_scale.dtype == torch.float32 and nibble_linear_cpu.supports(m.weight_scale)
 
 
-def dense_linear(m: PackedLinear) -> nn.Linear:
-    """A plain Linear of the dequantized weight: where no C kernel can run it."""
+def dense_linear(m: PackedLinear, weight: torch.Tensor) -> nn.Linear:
+    """A plain Linear of m's dequantized weight: where no C kernel can run it."""
     new = nn.Linear(m.in_features, m.out_features, bias=m.bias is not None, device="meta")
-    new.weight = nn.Parameter(m.dequantized(), requires_grad=False)
+    new.weight = nn.Parameter(weight, requires_grad=False)
     new.bias = _bias(m.bias)
     return new
 
@@ -66,7 +66,7 @@ def swap_one(m: nn.Module) -> nn.Module | None:
         if nibble_ready(m):
             return NibbleLinear(m)
         weight = m.dequantized()
-        return PanelLinear(weight, m.bias) if linear_cpu.supports(weight) else dense_linear(m)
+        return PanelLinear(weight, m.bias) if linear_cpu.supports(weight) else dense_linear(m, weight)
     return PanelLinear(m.weight.detach(), m.bias) if linear_cpu.supports(m.weight) else None
 
 
