@@ -40,7 +40,11 @@ def converted(gguf: Path, name: str) -> Path:
     tmp.mkdir()
     try:
         load.convert_gguf(gguf, tmp)
-        tmp.rename(out)
+        try:
+            tmp.rename(out)
+        except OSError:
+            if not (out / "config.json").is_file():  # else a process converting at the same time finished first
+                raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out
