@@ -49,8 +49,9 @@ def _compile(cc: str, source: str, target: Path) -> bool:
     return False
 
 
-def load(name: str, source: str) -> ctypes.CDLL | None:
-    """The library built from ``source`` (built now unless cached), or None where it cannot be built."""
+def load(name: str, source: str, symbol: str, argtypes: list, restype=None) -> ctypes.CDLL | None:
+    """The library built from ``source`` (built now unless cached), its function ``symbol`` typed
+    with ``argtypes`` and ``restype``; None where it cannot be built."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if os.environ.get("COMPRESS_CPU_KERNELS", "1") == "0" or cc is None:
         return None
@@ -58,7 +59,10 @@ def load(name: str, source: str) -> ctypes.CDLL | None:
     path = cache_dir() / f"{name}-{key}.so"
     if not path.exists() and not _compile(cc, source, path):
         return None
-    return ctypes.CDLL(str(path))
+    lib = ctypes.CDLL(str(path))
+    fn = getattr(lib, symbol)
+    fn.argtypes, fn.restype = argtypes, restype
+    return lib
 
 
 def require(lib: ctypes.CDLL | None) -> ctypes.CDLL:

@@ -78,12 +78,7 @@ void linear(const float *x, const float *p, float *y, int M, int O, int I, int t
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
-    lib = cpu_build.load("linear", SOURCE)
-    if lib is None:
-        return None
-    lib.linear.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
-    lib.linear.restype = None
-    return lib
+    return cpu_build.load("linear", SOURCE, "linear", [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4)
 
 
 def supports(weight: torch.Tensor) -> bool:

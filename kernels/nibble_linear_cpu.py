@@ -113,12 +113,7 @@ int linear(const float *x, const unsigned char *q, const float *sc, const float 
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
-    lib = cpu_build.load("nibble_linear", SOURCE)
-    if lib is None:
-        return None
-    lib.linear.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5
-    lib.linear.restype = ctypes.c_int
-    return lib
+    return cpu_build.load("nibble_linear", SOURCE, "linear", [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int)
 
 
 def supports(scale: torch.Tensor) -> bool:
