@@ -90,11 +90,12 @@ class InputRecorder:
 
     ``keep`` [N] bool selects the sequences whose inputs are kept whole (for searches that
     need whole sequences, like attention); ``tokens`` [K] indexes flattened tokens of every
-    input to keep as a per-token sample.
+    input to keep as a per-token sample; ``gram``: also E[x x^T] over every token.
     """
 
-    def __init__(self, block: nn.Module, names: list[str], keep: torch.Tensor, tokens: torch.Tensor):
+    def __init__(self, block: nn.Module, names: list[str], keep: torch.Tensor, tokens: torch.Tensor, gram: bool = False):
         self.abs_sum: dict[str, torch.Tensor] = {}
+        self.gram_sum: dict[str, torch.Tensor] | None = {} if gram else None
         self.count = 0
         self.kept: dict[str, list[torch.Tensor]] = {n: [] for n in names}
         self.sampled: dict[str, list[torch.Tensor]] = {n: [] for n in names}
@@ -106,6 +107,8 @@ class InputRecorder:
             x = args[0]  # [B, T, C]
             flat = x.reshape(-1, x.shape[-1]).float()
             self.abs_sum[name] = self.abs_sum.get(name, 0) + flat.abs().sum(0)
+            if self.gram_sum is not None:
+                self.gram_sum[name] = self.gram_sum.get(name, 0) + flat.T @ flat  # [C, C]
             b = x.shape[0]
             self.kept[name].append(x[self.keep[self.offset : self.offset + b]])
             lo, hi = self.offset * x.shape[1], (self.offset + b) * x.shape[1]
@@ -123,7 +126,7 @@ class InputRecorder:
         for h in self.handles:
             h.remove()
         names = list(self.kept)
-        return {
+        stats = {
             n: {
                 "mean_abs": self.abs_sum[n] / self.count,  # [C]
                 "sequences": torch.cat(self.kept[n]),  # [S, T, C]
@@ -131,17 +134,21 @@ class InputRecorder:
             }
             for n in names
         }
+        for n, g in (self.gram_sum or {}).items():
+            stats[n]["gram"] = g / self.count  # [C, C]
+        return stats
 
 
 @torch.no_grad()
-def record_inputs(block: nn.Module, x: torch.Tensor, names: list[str], keep_seqs: int, keep_tokens: int, seed: int, batch: int = 16) -> dict:
+def record_inputs(block: nn.Module, x: torch.Tensor, names: list[str], keep_seqs: int, keep_tokens: int, seed: int,
+                  batch: int = 16, gram: bool = False) -> dict:
     """Run block on x [N, T, C] and return, per sub-module name, its input statistics (see InputRecorder)."""
     n, t = x.shape[:2]
     g = torch.Generator().manual_seed(seed)
     keep = torch.zeros(n, dtype=torch.bool)
     keep[torch.randperm(n, generator=g)[: min(keep_seqs, n)]] = True
     tokens = torch.randperm(n * t, generator=g)[: min(keep_tokens, n * t)].sort().values
-    rec = InputRecorder(block, names, keep.to(x.device), tokens.to(x.device))
+    rec = InputRecorder(block, names, keep.to(x.device), tokens.to(x.device), gram)
     for chunk in x.split(batch):
         block(chunk)
         rec.step(chunk)

@@ -24,6 +24,8 @@ def cli():
 @click.option("--group-size", type=int, default=None, help="input columns per scale [default: 128, or 64/32 if 128 does not divide]")
 @click.option("--symmetric", is_flag=True, help="symmetric quantization (no zero points)")
 @click.option("--format", "fmt", type=click.Choice(["compressed-tensors", "awq"]), default="compressed-tensors", show_default=True)
+@click.option("--rounding", type=click.Choice(["gptq", "nearest"]), default=None,
+              help="awq: codes on the searched grids by GPTQ's error feedback, or nearest (the paper's) [default: gptq]")
 @click.option("--calib-data", default=None, help=".jsonl with a 'text' field, .txt, or a local datasets dir [default: C4 under $COMPRESS_DATA_DIR]")
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--calib-seq-len", type=int, default=512, show_default=True)
@@ -37,7 +39,7 @@ def cli():
 @click.option("-o", "--output", required=True, help="output directory")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
-def quantize(model, method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
+def quantize(model, method, bits, group_size, symmetric, fmt, rounding, calib_data, calib_samples, calib_seq_len, seed,
              outlier_threshold, outlier_topk, static_activations, smooth_alpha, output, force, verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
@@ -45,7 +47,7 @@ def quantize(model, method, bits, group_size, symmetric, fmt, calib_data, calib_
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
                       outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
-                      smooth_alpha=smooth_alpha)
+                      smooth_alpha=smooth_alpha, rounding=rounding)
     run_quantize(model, cfg, output, force, verbose)
 
 

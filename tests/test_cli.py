@@ -77,6 +77,7 @@ def test_file_that_is_not_gguf(tmp_path):
         (["--bits", "5"], "--bits 5"),
         (["--bits", "3", "--format", "awq"], "--format awq"),
         (["--group-size", "48"], "--group-size 48"),
+        (["--rounding", "gptq"], "--rounding applies to --method awq"),
     ],
 )
 def test_bad_quantize_options(fp_dir, tmp_path, args, fragment):

@@ -81,10 +81,12 @@ def swap_linears(block: nn.Module, make: Callable[[str, nn.Linear], nn.Module]) 
         setattr(block.get_submodule(parent), child, make(name, linear))
 
 
-def quantize_block(block: nn.Module, spec: IntSpec, params: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None) -> None:
-    """Round every Linear of one decoder layer to ``spec``, with the (scale, zero) of ``params`` where it has them."""
-    params = params or {}
-    swap_linears(block, lambda name, lin: PackedLinear.from_float(lin, spec, params.get(name)))
+def quantize_block(block: nn.Module, spec: IntSpec, params: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None,
+                   codes: dict[str, torch.Tensor] | None = None) -> None:
+    """Round every Linear of one decoder layer to ``spec``, with the (scale, zero) of ``params`` and the codes
+    of ``codes`` (a search's choice instead of nearest rounding) where they have them."""
+    params, codes = params or {}, codes or {}
+    swap_linears(block, lambda name, lin: PackedLinear.from_float(lin, spec, params.get(name), codes.get(name)))
 
 
 def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None, verbose: bool = False) -> Spec:

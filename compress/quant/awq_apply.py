@@ -13,7 +13,8 @@ from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.apply import quantize_block
 from compress.quant.awq import ScaleResult, group_hessians, search_qparams, search_scale
 from compress.quant.config import QuantConfig
-from compress.quant.primitives import IntSpec
+from compress.quant.gptq import gptq_codes
+from compress.quant.primitives import IntSpec, qparams
 
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")  # their error is shaped by softmax, not the output MSE
 
@@ -61,20 +62,38 @@ def search_group(block, group: ScaleGroup, feats: dict, spec: IntSpec, cfg: Quan
     return search_scale(module, weights, x, reduce(f["mean_abs"]), expand, spec, cfg.grid), expand
 
 
+@torch.no_grad()
+def gptq_block(block: nn.Module, grams: dict, params: dict, spec: IntSpec) -> tuple[dict, dict]:
+    """(params, codes) per Linear of ``grams`` (its inputs' E[x x^T] [I, I]): GPTQ's rounding on the searched
+    grid, or on the range's grid where none was searched (q, k); scales as stored, in the weight's dtype."""
+    grids, codes = dict(params), {}
+    for name, h in grams.items():
+        w = block.get_submodule(name).weight
+        scale, zero = params.get(name) or qparams(w, spec)
+        grids[name] = scale.to(w.dtype), zero
+        codes[name] = gptq_codes(w, h, grids[name][0], zero, spec)
+    return grids, codes
+
+
 def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int) -> list[ScaleResult]:
     """Search, fold and quantize one block in place; returns each group's search result."""
-    feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed)
+    feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed, gram=cfg.gptq)
     found = [search_group(block, g, feats, spec, cfg, head_dim) for g in groups]
     hessians = {}  # per searched Linear: its group's input second moments [G, g, g], shared by the group
+    grams = {}  # GPTQ: per Linear, E[x x^T] of its scaled input over every calibration token [I, I]
     for g, (res, expand) in zip(groups, found):
         fold_scales(block, g, res.scales, expand)
         searched = [name for name in g.linears if name not in NO_CLIP] if cfg.clip_search else []
         if searched:
             h = group_hessians(feats[g.module]["tokens"] / expand(res.scales).to(x.dtype), spec.group_size)
             hessians |= dict.fromkeys(searched, h)
+        if cfg.gptq:
+            inv = 1 / expand(res.scales).float()  # [I]: the fold divided the inputs by the scales
+            grams |= dict.fromkeys(g.linears, feats[g.module]["gram"] * inv[:, None] * inv[None, :])
     # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
     params = {name: search_qparams(block.get_submodule(name).weight, h, spec, cfg.grid) for name, h in hessians.items()}
-    quantize_block(block, spec, params)
+    params, codes = gptq_block(block, grams, params, spec)
+    quantize_block(block, spec, params, codes)
     return [res for res, _ in found]
 
 

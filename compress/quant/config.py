@@ -9,6 +9,7 @@ INT_METHODS = ("awq", "rtn")  # group-quantized int4/int3
 OUTLIER_THRESHOLD = 6.0  # LLM.int8's |x| threshold
 SMOOTH_ALPHA = 0.7  # int8: SmoothQuant migration strength on the norm-fed Linears (docs/formats.md)
 FORMATS = ("compressed-tensors", "awq")
+ROUNDINGS = ("gptq", "nearest")  # awq: how the codes are chosen on the searched grids; the first is the default
 
 
 @dataclass
@@ -24,6 +25,7 @@ class QuantConfig:
     seed: int = 0
     grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}; range shrinks in steps of 1/grid
     clip_search: bool = True  # AWQ: search each group's grid (range and scale) after scaling
+    rounding: str | None = None  # AWQ: "gptq" (error feedback, the default) or "nearest" (the paper's)
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
     search_sequences: int = 8
@@ -53,6 +55,10 @@ class QuantConfig:
             raise UserError("search_sequences and search_tokens must be at least 1")
         if self.grid < 1:
             raise UserError(f"grid must be at least 1, got {self.grid}")
+        if self.rounding is not None and self.rounding not in ROUNDINGS:
+            raise UserError(f"--rounding {self.rounding} is not one of {', '.join(ROUNDINGS)}")
+        if self.rounding is not None and self.method != "awq":
+            raise UserError(f"--rounding applies to --method awq, not {self.method}")
         self._check_int8_fp8()
 
     def _check_int8_fp8(self) -> None:
@@ -74,6 +80,15 @@ class QuantConfig:
             from compress.quant.fp8 import require_float8
 
             require_float8()
+
+    @property
+    def awq_rounding(self) -> str | None:
+        """How AWQ chooses its codes on the searched grids ("gptq" or "nearest"); None for other methods."""
+        return (self.rounding or ROUNDINGS[0]) if self.method == "awq" else None
+
+    @property
+    def gptq(self) -> bool:
+        return self.awq_rounding == "gptq"
 
     @property
     def needs_calibration(self) -> bool:

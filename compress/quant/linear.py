@@ -27,12 +27,14 @@ class PackedLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, spec: IntSpec, params: tuple[torch.Tensor, torch.Tensor] | None = None) -> "PackedLinear":
-        """Round ``linear`` to ``spec`` with (scale, zero) [O, G] from ``params`` (a search) or each group's range."""
+    def from_float(cls, linear: nn.Linear, spec: IntSpec, params: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   codes: torch.Tensor | None = None) -> "PackedLinear":
+        """Round ``linear`` to ``spec`` with (scale, zero) [O, G] from ``params`` (a search) or each group's range;
+        ``codes`` uint8 [O, I] on that grid replace nearest rounding (GPTQ's choice)."""
         w = linear.weight.detach()
         new = cls(linear.in_features, linear.out_features, spec, linear.bias is not None, w.dtype)
         scale, zero = params if params is not None else qparams(w, spec)
-        new.weight_packed.copy_(packing.pack(quantize(w, scale, zero, spec), spec.bits))
+        new.weight_packed.copy_(packing.pack(codes if codes is not None else quantize(w, scale, zero, spec), spec.bits))
         new.weight_scale.copy_(scale)
         if not spec.symmetric:
             new.weight_zero_point.copy_(packing.pack_zero_points(zero, spec.bits))

@@ -33,14 +33,15 @@ def output_mse(model, ref_logits, ids):
         return (model(ids) - ref_logits).pow(2).mean().item()
 
 
+@pytest.mark.parametrize("rounding", ["gptq", "nearest"])
 @pytest.mark.parametrize("bits", [3, 4])
-def test_awq_beats_rtn_with_planted_outliers(bits):
+def test_awq_beats_rtn_with_planted_outliers(bits, rounding):
     ids = torch.randint(0, 256, (8, 64))
     fp = planted_model()
     with torch.no_grad():
         ref = fp(ids)
     rtn, awq = planted_model(), planted_model()
-    cfg = QuantConfig(method="awq", bits=bits, group_size=32, search_sequences=4, search_tokens=256)
+    cfg = QuantConfig(method="awq", bits=bits, group_size=32, search_sequences=4, search_tokens=256, rounding=rounding)
     quantize(rtn, QuantConfig(method="rtn", bits=bits, group_size=32))
     quantize(awq, cfg, calib=torch.randint(0, 256, (8, 64)))
     assert all(isinstance(m, PackedLinear) for b in awq.model.layers for m in layer_linears(b).values())

@@ -18,6 +18,8 @@ from compress.quant.config import QuantConfig
         (dict(method="int8", outlier_threshold=-2.0), "--outlier-threshold must be > 0"),
         (dict(method="int8", smooth_alpha=1.5), "--smooth-alpha must be in \\[0, 1\\]"),
         (dict(method="fp8", smooth_alpha=0.3), "--smooth-alpha applies to --method int8"),
+        (dict(method="rtn", rounding="gptq"), "--rounding applies to --method awq"),
+        (dict(method="awq", rounding="stochastic"), "--rounding stochastic is not one of gptq, nearest"),
     ],
 )
 def test_bad_int8_fp8_options(kwargs, fragment):
@@ -31,3 +33,9 @@ def test_calibration_only_when_a_statistic_is_needed():
     assert not QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0).needs_calibration
     assert not QuantConfig(method="fp8").needs_calibration
     assert QuantConfig(method="fp8", static_activations=True).needs_calibration
+
+
+def test_awq_rounds_by_gptq_unless_asked_for_nearest():
+    assert QuantConfig(method="awq").gptq
+    assert not QuantConfig(method="awq", rounding="nearest").gptq
+    assert not QuantConfig(method="rtn").gptq
