@@ -26,7 +26,7 @@ def describe(cfg: QuantConfig, spec: Spec, model) -> str:
     if isinstance(spec, Fp8Spec):
         kind = "static per-tensor" if spec.static_activations else "dynamic per-token"
         return f"fp8 e4m3, {kind} activations, compressed-tensors float-quantized"
-    rounding = f", {cfg.awq_rounding} rounding" if cfg.awq_rounding else ""
+    rounding = f", {cfg.rounding} rounding" if cfg.rounding else ""
     return f"{cfg.method} int{spec.bits} g{spec.group_size}{' sym' if spec.symmetric else ''}{rounding}, {cfg.format}"
 
 
@@ -54,7 +54,7 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
             write_quantized(decoder, spec, tmp, src)
         write_manifest(
             tmp,
-            recipe={"quantize": asdict(cfg) | asdict(spec) | {"rounding": cfg.awq_rounding}},
+            recipe={"quantize": asdict(cfg) | asdict(spec)},
             source={"model": model, "path": str(src)},
             stats={"quantize_seconds": round(seconds, 1), "peak_rss_mib": round(peak_rss_mib())},
             quality={},

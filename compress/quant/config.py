@@ -25,7 +25,7 @@ class QuantConfig:
     seed: int = 0
     grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}; range shrinks in steps of 1/grid
     clip_search: bool = True  # AWQ: search each group's grid (range and scale) after scaling
-    rounding: str | None = None  # AWQ: "gptq" (error feedback, the default) or "nearest" (the paper's)
+    rounding: str | None = None  # AWQ: "gptq" (error feedback; None means this for awq) or "nearest" (the paper's)
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
     search_sequences: int = 8
@@ -59,6 +59,8 @@ class QuantConfig:
             raise UserError(f"--rounding {self.rounding} is not one of {', '.join(ROUNDINGS)}")
         if self.rounding is not None and self.method != "awq":
             raise UserError(f"--rounding applies to --method awq, not {self.method}")
+        if self.method == "awq" and self.rounding is None:
+            self.rounding = ROUNDINGS[0]
         self._check_int8_fp8()
 
     def _check_int8_fp8(self) -> None:
@@ -82,13 +84,9 @@ class QuantConfig:
             require_float8()
 
     @property
-    def awq_rounding(self) -> str | None:
-        """How AWQ chooses its codes on the searched grids ("gptq" or "nearest"); None for other methods."""
-        return (self.rounding or ROUNDINGS[0]) if self.method == "awq" else None
-
-    @property
     def gptq(self) -> bool:
-        return self.awq_rounding == "gptq"
+        """Whether AWQ chooses its codes by GPTQ's error feedback rather than nearest rounding."""
+        return self.rounding == "gptq"
 
     @property
     def needs_calibration(self) -> bool:

@@ -19,11 +19,11 @@ BLOCK = 128  # columns updated together; the result is the same for any block, o
 def inverse_factor(h: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
     """Upper Cholesky factor U [I, I] of (H + damp)^-1: row i past the diagonal, over U[i, i], is how column
     i's rounding error moves the columns after it."""
-    h = h.double().clone()
-    dead = torch.diagonal(h) == 0  # inputs that are always zero: their weights do not matter
+    h = h.float().clone()
+    dead = torch.diagonal(h) == 0  # inputs that are always zero: their weights do not matter (and H = 0 has no inverse)
     h[dead, dead] = 1
     h.diagonal().add_(damp * torch.diagonal(h).mean())
-    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True).float()
+    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
 
 
 @torch.no_grad()
@@ -31,8 +31,9 @@ def gptq_codes(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, zero: torc
                damp: float = DAMP, block: int = BLOCK) -> torch.Tensor:
     """uint8 codes [O, I] for w [O, I] on the grid (scale, zero) [O, G], given its inputs' H [I, I]."""
     w = w.float().clone()  # [O, I], updated in place as errors are fed forward
-    u = inverse_factor(h.float(), damp)  # [I, I]
-    s = scale.float().repeat_interleave(spec.group_size, 1)  # [O, I]
+    u = inverse_factor(h, damp)  # [I, I]
+    # A scale that underflowed to 0 (fp16) dequantizes to 0 whatever the code; the clamp only avoids 0/0.
+    s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).repeat_interleave(spec.group_size, 1)  # [O, I]
     z = zero.float().repeat_interleave(spec.group_size, 1)  # [O, I]
     codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
     n = w.shape[1]

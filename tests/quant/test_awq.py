@@ -131,3 +131,41 @@ def test_refit_scale_is_the_weighted_least_squares_optimum():
     assert torch.allclose(err(s), direct, rtol=1e-4)  # e^T H e is the group's mean squared partial output error
     for step in (0.99, 1.01):
         assert (err(s) <= err(s * step) + 1e-6).all()
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+def test_gptq_rounding_fits_the_calibration_set_better(bits):
+    """Same scales and grids, other codes: GPTQ minimizes each Linear's output error on the calibration
+    inputs, so the quantized model's logits on them are closer to the original's than nearest rounding's."""
+    calib = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ref = planted_model()(calib)
+    errors = {}
+    for rounding in ("gptq", "nearest"):
+        model = planted_model()
+        quantize(model, QuantConfig(method="awq", bits=bits, group_size=32, search_sequences=4, search_tokens=256, rounding=rounding), calib=calib)
+        errors[rounding] = output_mse(model, ref, calib)
+    assert errors["gptq"] < 0.9 * errors["nearest"]
+
+
+def test_gptq_sees_each_linears_inputs_after_the_fold(monkeypatch):
+    """Folding keeps q, k, o, gate and down's outputs, so for the folded weight W and the H that GPTQ gets,
+    tr(W H W^T) = E|y|^2 must match the outputs of the original block 0 on the calibration tokens."""
+    from compress.quant import awq_apply
+
+    seen = []
+    real = awq_apply.gptq_codes
+    monkeypatch.setattr(awq_apply, "gptq_codes", lambda w, h, *a: seen.append((w.clone(), h)) or real(w, h, *a))
+    calib = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(0))
+    fp, model = planted_model(), planted_model()
+    outputs = {}
+    block = fp.model.layers[0]
+    for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
+        block.get_submodule(name).register_forward_hook(lambda m, a, y, name=name: outputs.__setitem__(name, y.pow(2).sum(-1).mean().item()))
+    with torch.no_grad():
+        fp(calib)
+    quantize(model, QuantConfig(method="awq", bits=4, group_size=32, search_sequences=4, search_tokens=256), calib=calib)
+    order = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
+    for name, (w, h) in zip(order, seen[: len(order)]):  # block 0's Linears, in the order of the scale groups
+        if name in outputs:
+            assert torch.trace(w.float() @ h @ w.float().T).item() == pytest.approx(outputs[name], rel=1e-3), name

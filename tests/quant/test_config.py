@@ -36,6 +36,6 @@ def test_calibration_only_when_a_statistic_is_needed():
 
 
 def test_awq_rounds_by_gptq_unless_asked_for_nearest():
-    assert QuantConfig(method="awq").gptq
+    assert QuantConfig(method="awq").rounding == "gptq" and QuantConfig(method="awq").gptq
     assert not QuantConfig(method="awq", rounding="nearest").gptq
-    assert not QuantConfig(method="rtn").gptq
+    assert QuantConfig(method="rtn").rounding is None and not QuantConfig(method="rtn").gptq

@@ -46,9 +46,7 @@ def test_block_size_does_not_change_the_codes():
     assert (a == b).float().mean() > 0.99  # the same algebra; float sums in another order may flip a tie
 
 
-def test_dead_inputs_do_not_break_the_factorization():
-    w, x = torch.randn(16, 64), correlated_inputs(seed=3)
-    x[:, 5] = 0
+def test_inputs_that_are_always_zero_give_nearest_rounding():
+    w = torch.randn(16, 64)
     scale, zero = qparams(w, SPEC)
-    codes = gptq_codes(w, x.T @ x / x.shape[0], scale, zero, SPEC)
-    assert torch.isfinite(codes.float()).all() and codes.max() <= SPEC.qmax
+    assert torch.equal(gptq_codes(w, torch.zeros(64, 64), scale, zero, SPEC), quantize(w, scale, zero, SPEC))
