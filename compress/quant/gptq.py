@@ -28,13 +28,26 @@ def inverse_factor(h: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
 
 @torch.no_grad()
 def gptq_codes(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec,
-               damp: float = DAMP, block: int = BLOCK) -> torch.Tensor:
-    """uint8 codes [O, I] for w [O, I] on the grid (scale, zero) [O, G], given its inputs' H [I, I]."""
-    w = w.float().clone()  # [O, I], updated in place as errors are fed forward
-    u = inverse_factor(h, damp)  # [I, I]
+               damp: float = DAMP, block: int = BLOCK, act_order: bool = True) -> torch.Tensor:
+    """uint8 codes [O, I] for w [O, I] on the grid (scale, zero) [O, G], given its inputs' H [I, I].
+
+    ``act_order``: round the columns with the largest input energy (H's diagonal) first, while the most
+    columns are left to absorb their error (GPTQ's "desc_act"); the grids stay per group of the original
+    column order ("static groups"), so the stored format does not change.
+    """
     # A scale that underflowed to 0 (fp16) dequantizes to 0 whatever the code; the clamp only avoids 0/0.
     s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).repeat_interleave(spec.group_size, 1)  # [O, I]
     z = zero.float().repeat_interleave(spec.group_size, 1)  # [O, I]
+    n = w.shape[1]
+    perm = torch.argsort(torch.diagonal(h), descending=True, stable=True) if act_order else torch.arange(n, device=w.device)  # [I]
+    codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
+    codes[:, perm] = _codes(w.float()[:, perm], h[perm][:, perm], s[:, perm], z[:, perm], spec, damp, block)
+    return codes
+
+
+def _codes(w: torch.Tensor, h: torch.Tensor, s: torch.Tensor, z: torch.Tensor, spec: IntSpec, damp: float, block: int) -> torch.Tensor:
+    """GPTQ over the columns in the order given; w [O, I] is updated in place, s, z [O, I] per column."""
+    u = inverse_factor(h, damp)  # [I, I]
     codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
     n = w.shape[1]
     for b0 in range(0, n, block):
@@ -48,3 +61,4 @@ def gptq_codes(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, zero: torc
             err[:, i - b0] = e
         w[:, b1:] -= err @ u[b0:b1, b1:]  # the block's errors reach the later columns in one matmul
     return codes
+

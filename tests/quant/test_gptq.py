@@ -50,3 +50,17 @@ def test_inputs_that_are_always_zero_give_nearest_rounding():
     w = torch.randn(16, 64)
     scale, zero = qparams(w, SPEC)
     assert torch.equal(gptq_codes(w, torch.zeros(64, 64), scale, zero, SPEC), quantize(w, scale, zero, SPEC))
+
+
+def test_act_order_rounds_the_loudest_inputs_first_on_the_original_grids():
+    # Input energy rising with the column index: act-order is GPTQ over the columns in reverse order,
+    # each column still on its own group's grid.
+    w, x = torch.randn(16, 64), correlated_inputs(seed=3)
+    x = x * (torch.linspace(1, 3, 64) / x.pow(2).mean(0)).sqrt()  # E[x_i^2] = 1 + 2i/63
+    scale, zero = qparams(w, SPEC)
+    h = x.T @ x / x.shape[0]
+    ordered = gptq_codes(w, h, scale, zero, SPEC, act_order=True)
+    reverse = gptq_codes(w.flip(1), h.flip(0, 1), scale.flip(1), zero.flip(1), SPEC, act_order=False).flip(1)
+    assert torch.equal(ordered, reverse)
+    assert not torch.equal(ordered, gptq_codes(w, h, scale, zero, SPEC, act_order=False))
+
