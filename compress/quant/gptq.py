@@ -1,11 +1,12 @@
-"""GPTQ's error-feedback rounding (Frantar et al., ICLR 2023) onto grids chosen beforehand. Returns codes only.
+"""GPTQ's error-feedback rounding (Frantar et al., ICLR 2023) onto grids chosen beforehand, and scales refitted to its codes.
 
 Rounding each weight to its nearest grid point ignores that the inputs are correlated: the error of
 one column can be partly cancelled by nudging the columns not yet rounded. GPTQ rounds the columns
 of W [O, I] one at a time and spreads each column's error over the remaining ones through the
 inverse of H = E[x x^T] (the inputs' second moments), which minimizes (W - Q) H (W - Q)^T column by
 column. Here every column's grid (scale and zero point per group) is fixed before rounding starts
-(AWQ's search chose it), so the result is stored in exactly the format that nearest rounding gives.
+(AWQ's search chose it), so the result is stored in exactly the format that nearest rounding gives;
+``refit_scales`` then moves each group's scale to the best one for the codes chosen.
 """
 
 import torch
@@ -14,6 +15,8 @@ from compress.quant.primitives import IntSpec, grouped
 
 DAMP = 0.01  # of H's mean diagonal, added to the diagonal: keeps H invertible for few or degenerate inputs
 BLOCK = 128  # columns updated together; the result is the same for any block, only the speed differs
+REFIT_ROWS = 256  # output rows per solve: bounds the [rows, G, G, g] intermediate (1.6 GB for a Llama-3-8B down_proj)
+RIDGE = 1e-6  # of each row's mean diagonal: pulls a group whose codes all sit on the zero point to its old scale
 
 
 def inverse_factor(h: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
@@ -61,10 +64,6 @@ def _codes(w: torch.Tensor, h: torch.Tensor, s: torch.Tensor, z: torch.Tensor, s
             err[:, i - b0] = e
         w[:, b1:] -= err @ u[b0:b1, b1:]  # the block's errors reach the later columns in one matmul
     return codes
-
-
-REFIT_ROWS = 256  # output rows per solve: bounds the [rows, G, G, g] intermediate for wide Linears
-RIDGE = 1e-6  # of each row's mean diagonal: pulls a group whose codes all sit on the zero point to its old scale
 
 
 @torch.no_grad()
