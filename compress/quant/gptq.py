@@ -79,12 +79,12 @@ def refit_scales(w: torch.Tensor, h: torch.Tensor, codes: torch.Tensor, scale: t
     n_groups = scale.shape[1]
     hb = hf.reshape(n_groups, g, n_groups, g).permute(0, 2, 1, 3)  # [G, G, g, g]: H's blocks between groups
     out = torch.empty(scale.shape, dtype=torch.float32, device=w.device)
+    eye = torch.eye(n_groups, device=w.device)
     for r0 in range(0, w.shape[0], REFIT_ROWS):
         rows = slice(r0, r0 + REFIT_ROWS)
         d = grouped(codes[rows].float(), g) - zero[rows, :, None].float()  # [R, G, g]: Q = s * d per group
         m = torch.einsum("rai,abij,rbj->rab", d, hb, d)  # [R, G, G]
         v = (grouped(w[rows].float() @ hf, g) * d).sum(-1)  # [R, G]: d_a^T H w
         lam = RIDGE * torch.diagonal(m, dim1=1, dim2=2).mean(-1).clamp(min=1e-30)[:, None]  # [R, 1]
-        eye = torch.eye(n_groups, device=w.device)
         out[rows] = torch.linalg.solve(m + lam[..., None] * eye, v + lam * scale[rows].float())
     return torch.where(out > 0, out, scale.float())  # a sign flip fits the codes but no longer the grid's range
