@@ -25,7 +25,7 @@ def cli():
 @click.option("--symmetric", is_flag=True, help="symmetric quantization (no zero points)")
 @click.option("--format", "fmt", type=click.Choice(["compressed-tensors", "awq"]), default="compressed-tensors", show_default=True)
 @click.option("--rounding", type=click.Choice(["gptq", "nearest"]), default=None,
-              help="awq: codes on the searched grids by GPTQ's error feedback (act-order, scales refitted), or nearest (the paper's) [default: gptq]")
+              help="awq: codes on the searched grids by GPTQ's error feedback (act-order), or nearest (the paper's) [default: gptq]")
 @click.option("--calib-data", default=None, help=".jsonl with a 'text' field, .txt, or a local datasets dir [default: C4 under $COMPRESS_DATA_DIR]")
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--calib-seq-len", type=int, default=512, show_default=True)

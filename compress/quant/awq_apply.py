@@ -13,7 +13,7 @@ from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.apply import quantize_block
 from compress.quant.awq import ScaleResult, group_hessians, search_qparams, search_scale
 from compress.quant.config import QuantConfig
-from compress.quant.gptq import gptq_codes, refit_scales
+from compress.quant.gptq import gptq_codes
 from compress.quant.primitives import IntSpec, qparams
 
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")  # their error is shaped by softmax, not the output MSE
@@ -65,14 +65,13 @@ def search_group(block, group: ScaleGroup, feats: dict, spec: IntSpec, cfg: Quan
 @torch.no_grad()
 def gptq_block(block: nn.Module, grams: dict, params: dict, spec: IntSpec) -> tuple[dict, dict]:
     """(params, codes) per Linear of ``grams`` (its inputs' E[x x^T] [I, I]): GPTQ's rounding on the searched
-    grid, or on the range's grid where none was searched (q, k), then the scales refitted to those codes;
-    scales as stored, in the weight's dtype."""
+    grid, or on the range's grid where none was searched (q, k); scales as stored, in the weight's dtype."""
     grids, codes = dict(params), {}
     for name, h in grams.items():
         w = block.get_submodule(name).weight
         scale, zero = params.get(name) or qparams(w, spec)
-        codes[name] = gptq_codes(w, h, scale.to(w.dtype), zero, spec)
-        grids[name] = refit_scales(w, h, codes[name], scale.to(w.dtype), zero, spec).to(w.dtype), zero
+        grids[name] = scale.to(w.dtype), zero
+        codes[name] = gptq_codes(w, h, grids[name][0], zero, spec)
     return grids, codes
 
 

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from compress.quant.gptq import gptq_codes, refit_scales
-from compress.quant.primitives import IntSpec, dequantize, grouped, qparams, quantize
+from compress.quant.gptq import gptq_codes
+from compress.quant.primitives import IntSpec, grouped, qparams, quantize
 
 SPEC = IntSpec(4, 16)
 
@@ -64,37 +64,3 @@ def test_act_order_rounds_the_loudest_inputs_first_on_the_original_grids():
     assert torch.equal(ordered, reverse)
     assert not torch.equal(ordered, gptq_codes(w, h, scale, zero, SPEC, act_order=False))
 
-
-def h_error(w, codes, scale, zero, h, spec=SPEC):
-    e = w - dequantize(codes, scale, zero, spec.group_size)
-    return torch.einsum("oi,ij,oj->", e, h, e).item()
-
-
-@pytest.mark.parametrize("bits", [3, 4])
-def test_refit_scales_lower_the_output_error_of_gptq_codes(bits):
-    spec = IntSpec(bits, SPEC.group_size)
-    w, x = torch.randn(300, 64, generator=torch.Generator().manual_seed(4)), correlated_inputs(seed=4)
-    h = x.T @ x / x.shape[0]
-    scale, zero = qparams(w, spec)
-    codes = gptq_codes(w, h, scale, zero, spec)
-    refit = refit_scales(w, h, codes, scale, zero, spec)
-    assert h_error(w, codes, refit, zero, h, spec) < 0.95 * h_error(w, codes, scale, zero, h, spec)
-
-
-def test_refit_scales_without_correlation_is_least_squares_per_group():
-    w = torch.randn(8, 64)
-    scale, zero = qparams(w, SPEC)
-    codes = quantize(w, scale, zero, SPEC)
-    d = grouped(codes.float(), SPEC.group_size) - zero[..., None]  # [O, G, g]
-    expected = (d * grouped(w, SPEC.group_size)).sum(-1) / d.pow(2).sum(-1)
-    torch.testing.assert_close(refit_scales(w, torch.eye(64), codes, scale, zero, SPEC), expected, rtol=1e-4, atol=1e-6)
-
-
-def test_refit_keeps_the_scale_of_a_group_whose_codes_all_sit_on_the_zero_point():
-    w = torch.randn(4, 64)
-    scale, zero = qparams(w, SPEC)
-    codes = quantize(w, scale, zero, SPEC)
-    codes[:, :16] = zero[:, :1].to(torch.uint8)  # group 0 dequantizes to 0 whatever its scale
-    refit = refit_scales(w, torch.eye(64), codes, scale, zero, SPEC)
-    torch.testing.assert_close(refit[:, 0], scale[:, 0])
-    assert torch.isfinite(refit).all()
