@@ -38,8 +38,10 @@ def gptq_codes(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, zero: torc
     # A scale that underflowed to 0 (fp16) dequantizes to 0 whatever the code; the clamp only avoids 0/0.
     s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).repeat_interleave(spec.group_size, 1)  # [O, I]
     z = zero.float().repeat_interleave(spec.group_size, 1)  # [O, I]
-    n = w.shape[1]
-    perm = torch.argsort(torch.diagonal(h), descending=True, stable=True) if act_order else torch.arange(n, device=w.device)  # [I]
+    if act_order:
+        perm = torch.argsort(torch.diagonal(h), descending=True, stable=True)  # [I]
+    else:
+        perm = torch.arange(w.shape[1], device=w.device)  # [I]
     codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
     codes[:, perm] = _codes(w.float()[:, perm], h[perm][:, perm], s[:, perm], z[:, perm], spec, damp, block)
     return codes
@@ -61,4 +63,3 @@ def _codes(w: torch.Tensor, h: torch.Tensor, s: torch.Tensor, z: torch.Tensor, s
             err[:, i - b0] = e
         w[:, b1:] -= err @ u[b0:b1, b1:]  # the block's errors reach the later columns in one matmul
     return codes
-

@@ -63,4 +63,3 @@ def test_act_order_rounds_the_loudest_inputs_first_on_the_original_grids():
     reverse = gptq_codes(w.flip(1), h.flip(0, 1), scale.flip(1), zero.flip(1), SPEC, act_order=False).flip(1)
     assert torch.equal(ordered, reverse)
     assert not torch.equal(ordered, gptq_codes(w, h, scale, zero, SPEC, act_order=False))
-
