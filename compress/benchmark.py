@@ -17,10 +17,10 @@ from compress.bandwidth import copy_bandwidth
 from compress.errors import UserError
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
-from compress.models import resolve
+from compress.models import checkpoint_dtype, resolve
 from compress.roofline import GPUS, decode_flops, kv_bytes_per_token, tokens_per_s_bound
 from compress.runtime.bench import check_mixed, run_mixed
-from compress.runtime.config import DTYPES, EngineConfig
+from compress.runtime.config import EngineConfig
 from compress.runtime.engine import LLM
 from compress.runtime.footprint import Footprint, footprint, tensor_bytes
 from compress.runtime.sweep import BatchResult, SweepConfig, sweep
@@ -71,7 +71,7 @@ class BenchConfig:
         """EngineConfig fields: room for the largest batch in one step and, for the sweep alone, a pool that just fits it."""
         kv = self.kv_cache_memory
         if kv is None and self.workload == "batches":
-            itemsize = DTYPES[EngineConfig.dtype].itemsize  # the engine's default dtype, the one it runs here
+            itemsize = EngineConfig().resolved(checkpoint_dtype(model_dir)).torch_dtype.itemsize  # the dtype the engine runs here
             kv = self.sweep.kv_cache_bytes(kv_bytes_per_token(ModelConfig.from_hf(read_config(model_dir)), itemsize))
         return dict(kv_cache_memory=kv, max_num_batched_tokens=self.max_num_batched_tokens,
                     max_num_seqs=max(64, *self.sweep.batch_sizes))

@@ -8,14 +8,17 @@ block's inputs. This is the only module that moves blocks between devices, so on
 
 import json
 import random
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from compress.data import data_file
 from compress.errors import UserError
+from compress.model import lazy
 
 C4 = "c4/c4_validation_2k.jsonl"
 
@@ -72,11 +75,41 @@ def on_device(module: nn.Module, device: torch.device):
         module.to(home)
 
 
+BlockDone = Callable[[int, nn.Module], None]  # (index, finished block): e.g. write it out
+COMPUTE_DTYPE = torch.float32  # searches, GPTQ and perplexity run in fp32 whatever the checkpoint stores
+
+
+def blocks(model, device: torch.device, done: BlockDone | None = None) -> Iterator[tuple[int, nn.Module]]:
+    """(i, block) for every decoder block, on ``device``. A lazy model's block is read from its checkpoint
+    (as fp32) when its turn comes and released after ``done(i, block)``: one block is in memory at a time."""
+    for i, block in enumerate(model.model.layers):
+        if lazy.is_lazy(block):
+            lazy.materialize(model, f"model.layers.{i}", COMPUTE_DTYPE, device)
+            yield i, block
+            if done is not None:
+                done(i, block)
+            lazy.release(model, f"model.layers.{i}")
+            continue
+        with on_device(block, device):
+            yield i, block
+        if done is not None:
+            done(i, block)
+
+
 @torch.no_grad()
+def embed(model, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Embeddings of ``tokens`` [N, T] -> [N, T, C] on ``device``; a lazy model's table is read as stored, then let go."""
+    emb = model.model.embed_tokens
+    if not lazy.is_lazy(emb):
+        with on_device(emb, device):
+            return emb(tokens.to(device))
+    weight = model.reader("model.embed_tokens", emb)["weight"]  # [V, C] as stored
+    return F.embedding(tokens, weight).to(device, COMPUTE_DTYPE)
+
+
 def block_inputs(model, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Embeddings of the calibration tokens [N, T, C]: the first block's input."""
-    with on_device(model.model.embed_tokens, device) as emb:
-        return emb(tokens.to(device))
+    return embed(model, tokens, device)
 
 
 @torch.no_grad()

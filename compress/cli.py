@@ -4,7 +4,8 @@ import os
 import signal
 import sys
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time unless the user unsets it
+if os.environ.get("COMPRESS_ALLOW_DOWNLOAD", "").lower() not in ("1", "true", "yes", "on"):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time unless the user allows it
 
 import click  # noqa: E402
 
@@ -36,18 +37,20 @@ def cli():
 @click.option("--static-activations", is_flag=True, help="fp8: calibrated per-tensor input scales instead of dynamic per-token")
 @click.option("--smooth-alpha", type=float, default=SMOOTH_ALPHA, show_default=True,
               help="int8: SmoothQuant migration strength on the norm-fed Linears (0: none)")
+@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+              help="dtype of the stored unquantized tensors (embeddings, norms, lm_head) and scales [default: the source's]")
 @click.option("-o", "--output", required=True, help="output directory")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
 def quantize(model, method, bits, group_size, symmetric, fmt, rounding, calib_data, calib_samples, calib_seq_len, seed,
-             outlier_threshold, outlier_topk, static_activations, smooth_alpha, output, force, verbose):
+             outlier_threshold, outlier_topk, static_activations, smooth_alpha, dtype, output, force, verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
     from compress.quantize import run_quantize
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
                       outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
-                      smooth_alpha=smooth_alpha, rounding=rounding)
+                      smooth_alpha=smooth_alpha, rounding=rounding, dtype=dtype)
     run_quantize(model, cfg, output, force, verbose)
 
 
@@ -228,7 +231,8 @@ def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, co
 @click.option("--max-model-len", type=int, default=None, help="context limit [default: the model's]")
 @click.option("--kv-cache-memory", type=int, default=None, help="bytes for the KV cache [default: 10%% of free memory]")
 @click.option("--max-body-bytes", type=int, default=4 << 20, show_default=True, help="larger request bodies get 413")
-@click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default="float32", show_default=True)
+@click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16"]), default="auto", show_default=True,
+              help="auto: the checkpoint's dtype on CUDA, float32 on CPU (the CPU kernels are fp32)")
 @DRAFT
 @NUM_SPECULATIVE_TOKENS
 @DRAFT_VOCAB

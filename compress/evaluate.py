@@ -101,7 +101,7 @@ def wikitext(name: str, path: Path, cfg: EvalConfig) -> float:
     from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
 
     pcfg = PerplexityConfig(seq_len=cfg.seq_len, limit_tokens=cfg.limit_tokens)
-    ppl = perplexity(models.load_model(path), wikitext_tokens(models.load_tokenizer(path)), pcfg, desc=f"wikitext {name}")
+    ppl = perplexity(models.open_model(path), wikitext_tokens(models.load_tokenizer(path)), pcfg, desc=f"wikitext {name}")
     record_quality(path, f"wikitext_ppl_seq{cfg.seq_len}" + (f"_first{cfg.limit_tokens}" if cfg.limit_tokens else ""),
                    round(ppl, 4))
     return ppl

@@ -1,4 +1,4 @@
-"""Resolve MODEL (an HF directory, a .gguf file, or the built-in default) and load it."""
+"""Resolve MODEL (an HF directory, a hub id from the HF cache, a .gguf file, or the built-in default) and load it."""
 
 import importlib.util
 import os
@@ -7,8 +7,10 @@ from pathlib import Path
 
 import torch
 
+from compress import hub
 from compress.errors import UserError
 from compress.model import load
+from compress.model.checkpoint import DTYPES, Checkpoint
 from compress.model.config import ModelConfig
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -55,10 +57,12 @@ def resolve(model: str) -> Path:
     if model in BUILTIN:
         return converted(builtin_gguf(model), model)
     path = Path(model).expanduser()
+    if not path.exists() and hub.looks_like_id(model):  # a local directory of the same name comes first
+        path = hub.snapshot(model)
     if not path.exists():
         raise UserError(
-            f"model '{model}' not found: give a local HF model directory, a .gguf file, "
-            f"or the built-in name '{DEFAULT_MODEL}' (nothing is downloaded from a hub)"
+            f"model '{model}' not found: give a local HF model directory, a .gguf file, a Hugging Face id "
+            f"(org/name[@revision], from the local HF cache), or the built-in name '{DEFAULT_MODEL}'"
         )
     if path.is_file():
         if path.suffix != ".gguf":
@@ -66,7 +70,7 @@ def resolve(model: str) -> Path:
         stat = path.stat()
         return converted(path, f"gguf-{path.stem}-{stat.st_size}-{int(stat.st_mtime)}")
     cfg = load.read_config(path)
-    load.weight_files(path)  # fails early on missing or pickle weights
+    Checkpoint(path)  # fails early on missing, truncated or pickle weights
     if "quantization_config" not in cfg or cfg["quantization_config"].get("quant_method") == "gguf":
         ModelConfig.from_hf(cfg)  # fails early on unsupported architectures
     return path
@@ -76,15 +80,31 @@ def is_quantized(model_dir: Path) -> bool:
     return "quantization_config" in load.read_config(model_dir)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype = torch.float32):
-    """A Decoder for any checkpoint we read: plain HF or one of our quantized exports."""
+def open_model(model_dir: Path):
+    """A lazy Decoder for any checkpoint we read (plain HF or one of our quantized exports): its parts
+    are read from disk when materialized (compress.model.lazy)."""
     if is_quantized(model_dir):
-        from compress.quant.awq_format import load_awq
-        from compress.quant.export import load_quantized
+        from compress.quant.awq_format import open_awq
+        from compress.quant.export import open_quantized
 
         method = load.read_config(model_dir)["quantization_config"].get("quant_method")
-        return (load_awq if method == "awq" else load_quantized)(model_dir, dtype)
-    return load.load_decoder(model_dir, dtype)
+        return (open_awq if method == "awq" else open_quantized)(model_dir)
+    return load.open_decoder(model_dir)
+
+
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32):
+    """The whole model in memory as ``dtype``, read tensor by tensor."""
+    from compress.model.lazy import materialize_all
+
+    return materialize_all(open_model(model_dir), dtype)
+
+
+def checkpoint_dtype(model_dir: Path) -> torch.dtype:
+    """The dtype a checkpoint's config.json names (torch_dtype or dtype), else that of most of its bytes."""
+    cfg = load.read_config(model_dir)
+    name = cfg.get("torch_dtype") or cfg.get("dtype")
+    by_name = {str(d).removeprefix("torch."): d for d in DTYPES.values()}
+    return by_name[name] if name in by_name and by_name[name].is_floating_point else Checkpoint(model_dir).dtype()
 
 
 def load_tokenizer(model_dir: Path):

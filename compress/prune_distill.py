@@ -6,6 +6,7 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
+import psutil
 import torch
 
 from compress import models, outdir
@@ -13,11 +14,15 @@ from compress.calib import read_texts
 from compress.errors import UserError
 from compress.manifest import read_manifest, write_manifest
 from compress.model.config import ModelConfig
-from compress.model.load import save_decoder
+from compress.model.load import read_config, save_decoder
+from compress.prune import memory
 from compress.prune.config import DistillConfig, PruneConfig
 from compress.prune.importance import Importance, activation_importance, magnitude_importance, random_importance
 from compress.prune.shape import Shape, candidates, param_count, validate
 from compress.prune.slicing import Keep, prune, select
+
+
+TEACHER_DTYPE = torch.float32  # the teacher is loaded in fp32 and stays so (bf16 autocast computes on a GPU)
 
 
 def choose_shape(cfg: ModelConfig, pcfg: PruneConfig) -> Shape:
@@ -46,6 +51,17 @@ def importance(teacher, pcfg: PruneConfig, tokenizer) -> Importance:
     return activation_importance(teacher, calibration_tokens(tokenizer, pcfg))
 
 
+def check_memory(cfg: ModelConfig, shape: Shape, pcfg: PruneConfig, dcfg: DistillConfig | None) -> None:
+    """Refuse, before anything is loaded, a run that cannot fit where it runs (the distillation on
+    the GPU when there is one; pruning alone, and everything without a GPU, in host memory)."""
+    cuda = dcfg is not None and torch.cuda.is_available()
+    est = memory.estimate(cfg, shape, dcfg, pcfg, TEACHER_DTYPE.itemsize, autocast=cuda)
+    available, where = ((torch.cuda.mem_get_info()[0], "the GPU has") if cuda
+                        else (psutil.virtual_memory().available, "this machine has"))
+    memory.check(est, available, where)
+    print(f"memory: about {memory.size(est.total)} needed ({est.describe()}); {where} {memory.size(available)} available")
+
+
 def distill_rows(tokenizer, dcfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
     """Documents joined by EOS, cut into [N, seq_len] rows; the last eval_rows are held out."""
     ids: list[int] = []
@@ -65,10 +81,12 @@ def run_prune_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None,
     src = models.resolve(model)
     if (read_manifest(src) or {}).get("recipe", {}).get("quantize"):
         raise UserError(f"{model} is quantized; prune the unquantized checkpoint, then quantize the result")
-    teacher = models.load_model(src)
-    cfg, tokenizer = teacher.cfg, models.load_tokenizer(src)
+    cfg = ModelConfig.from_hf(read_config(src))
     shape = choose_shape(cfg, pcfg)
+    check_memory(cfg, shape, pcfg, dcfg)
+    tokenizer = models.load_tokenizer(src)
     rows = distill_rows(tokenizer, dcfg) if dcfg is not None else None  # bad data fails before the slow part
+    teacher = models.load_model(src, TEACHER_DTYPE)
     ckpt = out.parent / f".{out.name}.distill-ckpt"
     start = time.perf_counter()
     if resume and (ckpt / "keep.json").is_file():

@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from compress.calib import compute_device, on_device
+from compress.calib import COMPUTE_DTYPE, blocks, compute_device, embed, on_device
+from compress.model import lazy
 from compress.data import data_file
 from compress.errors import UserError
 
@@ -48,16 +49,53 @@ def windows(tokens: torch.Tensor, cfg: PerplexityConfig) -> torch.Tensor:
     return tokens[: n * cfg.seq_len].view(n, cfg.seq_len)
 
 
+ACTIVATION_BYTES = 2**30  # a lazy model's windows go through the blocks in groups whose activations fit in this
+
+
 @torch.no_grad()
 def perplexity(model, tokens: torch.Tensor, cfg: PerplexityConfig, desc: str = "perplexity") -> float:
-    """exp of the mean next-token NLL of ``model`` over the windows of ``tokens``, on a GPU when there is one."""
+    """exp of the mean next-token NLL of ``model`` over the windows of ``tokens``, on a GPU when there is one.
+
+    A lazy model (compress.model.lazy) is run a block at a time in fp32: every window of a group goes
+    through block i before block i + 1 is read, so memory holds one block, not the model."""
     wins = windows(tokens, cfg)
     device = compute_device()
+    if lazy.is_lazy(model):
+        return math.exp(streamed_nll(model, wins, device, desc) / (wins.shape[0] * (wins.shape[1] - 1)))
     nll, count = 0.0, 0
     with on_device(model, device):
         for batch in tqdm(wins.split(cfg.batch_size), desc=desc, unit="window"):
             batch = batch.to(device)
-            logits = model(batch)[:, :-1].float()  # [B, T-1, V]
-            nll += F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+            nll += window_nll(model(batch), batch)
             count += batch[:, 1:].numel()
     return math.exp(nll / count)
+
+
+def window_nll(logits: torch.Tensor, batch: torch.Tensor) -> float:
+    """Summed next-token NLL of ``batch`` [B, T] under ``logits`` [B, T, V]."""
+    logits = logits[:, :-1].float()  # [B, T-1, V]
+    return F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten(), reduction="sum").item()
+
+
+def streamed_nll(model, wins: torch.Tensor, device: torch.device, desc: str) -> float:
+    group = max(1, ACTIVATION_BYTES // (wins.shape[1] * model.cfg.hidden_size * 4))
+    positions = torch.arange(wins.shape[1], device=device)[None]  # [1, T]
+    head = ["model.norm", "model.embed_tokens" if model.cfg.tie_word_embeddings else "lm_head"]
+    nll = 0.0
+    bar = tqdm(total=len(wins) * (model.cfg.num_layers + 1), desc=desc, unit="block")
+    for chunk in wins.split(group):
+        x = embed(model, chunk, device)  # [W, T, C] fp32
+        for _, block in blocks(model, device):
+            model.prepare(positions, x.dtype)
+            x = torch.cat([block(row) for row in x.split(1)])  # a window at a time: the matmuls of a whole-model pass
+            bar.update(len(chunk))
+        for part in head:
+            lazy.materialize(model, part, COMPUTE_DTYPE, device)
+        for row, window in zip(x.split(1), chunk.split(1)):
+            window = window.to(device)
+            nll += window_nll(model.lm_head(model.model.norm(row)), window)
+        bar.update(len(chunk))
+        for part in head:
+            lazy.release(model, part)
+    bar.close()
+    return nll

@@ -4,11 +4,13 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 
 from compress.errors import UserError
+from compress.model import lazy
+from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder, rope_inv_freq
+from compress.model.shards import ShardWriter
 
 TOKENIZER_FILES = (
     "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
@@ -20,31 +22,10 @@ def read_config(model_dir: Path) -> dict:
     path = Path(model_dir) / "config.json"
     if not path.is_file():
         raise UserError(f"{model_dir} has no config.json; point MODEL at a Hugging Face model directory")
-    return json.loads(path.read_text())
-
-
-def weight_files(model_dir: Path) -> list[Path]:
-    model_dir = Path(model_dir)
-    index = model_dir / "model.safetensors.index.json"
-    if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [model_dir / s for s in shards]
-    files = sorted(model_dir.glob("*.safetensors"))
-    if files:
-        return files
-    if list(model_dir.glob("*.bin")) or list(model_dir.glob("*.pt")):
-        raise UserError(
-            f"{model_dir} holds only pickle weights (.bin/.pt), which can run code when loaded; "
-            "convert them to safetensors first (e.g. transformers' save_pretrained(safe_serialization=True))"
-        )
-    raise UserError(f"{model_dir} has no *.safetensors weights")
-
-
-def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
-    state = {}
-    for f in weight_files(model_dir):
-        state.update(load_file(str(f)))
-    return state
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise UserError(f"{path} is not valid JSON ({e}); re-download or fix the checkpoint's config.json") from e
 
 
 def build(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Decoder:
@@ -67,11 +48,28 @@ def load_weights(model: Decoder, state: dict[str, torch.Tensor]) -> Decoder:
     return model
 
 
-def load_decoder(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
-    """An unquantized HF checkpoint -> Decoder in eval mode."""
+def open_decoder(model_dir: Path) -> Decoder:
+    """An unquantized HF checkpoint as a Decoder whose weights are read when a part is materialized (lazy.py)."""
     cfg = ModelConfig.from_hf(read_config(model_dir))
-    state = {k: v.to(dtype) for k, v in read_state_dict(model_dir).items()}
-    return load_weights(build(cfg, dtype), state).eval()
+    ckpt = Checkpoint(model_dir)
+    model = lazy.attach(lazy.skeleton(cfg), ckpt)
+    check_names(model, ckpt)
+    return model
+
+
+def check_names(model: Decoder, ckpt: Checkpoint) -> None:
+    """Every tensor the model needs is in the checkpoint, before any is read."""
+    want = set(model.state_dict())
+    if model.cfg.tie_word_embeddings:
+        want.discard("lm_head.weight")
+    missing = sorted(want - set(ckpt.keys()))
+    if missing:
+        raise UserError(f"{ckpt.dir} does not match its config.json: {len(missing)} tensors missing, e.g. {missing[0]}")
+
+
+def load_decoder(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
+    """An unquantized HF checkpoint -> Decoder in eval mode, read tensor by tensor."""
+    return lazy.materialize_all(open_decoder(model_dir), dtype)
 
 
 def state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
@@ -82,17 +80,27 @@ def state_for_saving(model: torch.nn.Module) -> dict[str, torch.Tensor]:
 
 
 def write_checkpoint(out_dir: Path, state: dict[str, torch.Tensor], config: dict, source_dir: Path | None) -> None:
-    """model.safetensors + config.json (+ the source's tokenizer files): the HF layout."""
-    out_dir = Path(out_dir)
-    save_file(state, str(out_dir / "model.safetensors"), metadata={"format": "pt"})
-    (out_dir / "config.json").write_text(json.dumps(config, indent=2))
+    """Sharded safetensors + config.json (+ the source's tokenizer files): the HF layout."""
+    writer = ShardWriter(out_dir)
+    writer.add(state)
+    finish_checkpoint(out_dir, writer, config, source_dir)
+
+
+def finish_checkpoint(out_dir: Path, writer: ShardWriter, config: dict, source_dir: Path | None) -> None:
+    """Close the shards of ``writer`` and write config.json and the tokenizer beside them."""
+    writer.close()
+    (Path(out_dir) / "config.json").write_text(json.dumps(config, indent=2))
     if source_dir is not None:
         copy_tokenizer(source_dir, out_dir)
 
 
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def save_decoder(model: Decoder, out_dir: Path, source_dir: Path | None = None) -> None:
     """Write an HF checkpoint that AutoModelForCausalLM loads with no extra code."""
-    cfg = model.cfg.to_hf() | {"torch_dtype": str(next(model.parameters()).dtype).removeprefix("torch.")}
+    cfg = model.cfg.to_hf() | {"torch_dtype": dtype_name(next(model.parameters()).dtype)}
     write_checkpoint(out_dir, state_for_saving(model), cfg, source_dir)
 
 

@@ -8,7 +8,9 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from tqdm import tqdm
 
+from compress.calib import BlockDone, blocks, compute_device
 from compress.errors import UserError
 from compress.model.arch import LAYER_LINEARS
 from compress.model.decoder import Decoder
@@ -89,19 +91,26 @@ def quantize_block(block: nn.Module, spec: IntSpec, params: dict[str, tuple[torc
     swap_linears(block, lambda name, lin: PackedLinear.from_float(lin, spec, params.get(name), codes.get(name)))
 
 
-def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None, verbose: bool = False) -> Spec:
-    """Quantize ``model`` in place with the method of ``cfg``; returns the spec it used."""
+def each_block(model: Decoder, fn: Callable[[nn.Module], None], desc: str, done: BlockDone | None = None) -> None:
+    """``fn(block)`` on every decoder block in turn (read from disk one at a time for a lazy model), then ``done(i, block)``."""
+    for _, block in tqdm(blocks(model, compute_device(), done), total=model.cfg.num_layers, desc=desc, unit="block"):
+        fn(block)
+
+
+def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None, verbose: bool = False,
+             done: BlockDone | None = None) -> Spec:
+    """Quantize ``model`` in place with the method of ``cfg``; returns the spec it used. ``done(i, block)`` is
+    called as each block is finished (streaming export); a lazy model's block is released after it."""
     spec = method_spec(model, cfg)
     if cfg.method in ("int8", "fp8"):
         from compress.quant.static_apply import fp8_quantize, int8_quantize
 
-        (int8_quantize if cfg.method == "int8" else fp8_quantize)(model, spec, calib)
+        (int8_quantize if cfg.method == "int8" else fp8_quantize)(model, spec, calib, done)
         return spec
     if cfg.method == "rtn":
-        for block in model.model.layers:
-            quantize_block(block, spec)
+        each_block(model, lambda block: quantize_block(block, spec), f"RTN int{spec.bits}", done)
         return spec
     from compress.quant.awq_apply import awq_quantize
 
-    awq_quantize(model, spec, cfg, calib, verbose)
+    awq_quantize(model, spec, cfg, calib, verbose, done)
     return spec

@@ -7,7 +7,7 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from compress.calib import block_inputs, compute_device, on_device, record_inputs, run_block
+from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_inputs, run_block
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.apply import quantize_block
@@ -97,18 +97,19 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
     return [res for res, _ in found]
 
 
-def awq_quantize(model: Decoder, spec: IntSpec, cfg: QuantConfig, calib: torch.Tensor, verbose: bool = False) -> None:
-    """Quantize ``model`` in place, feeding each quantized block's outputs to the next."""
+def awq_quantize(model: Decoder, spec: IntSpec, cfg: QuantConfig, calib: torch.Tensor, verbose: bool = False,
+                 done: BlockDone | None = None) -> None:
+    """Quantize ``model`` in place, feeding each quantized block's outputs to the next; ``done(i, block)``
+    after each block (a lazy model's block is released after it)."""
     device = compute_device()
     x = block_inputs(model, calib, device)  # [N, T, C]
     positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]: same positions for every row
     groups = model.cfg.arch.scale_groups
-    bar = tqdm(model.model.layers, desc=f"AWQ int{spec.bits}", unit="block")
-    for i, block in enumerate(bar):
-        with on_device(block, device):
-            model.prepare(positions, x.dtype)
-            results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i)
-            x = run_block(block, x)
+    bar = tqdm(blocks(model, device, done), total=model.cfg.num_layers, desc=f"AWQ int{spec.bits}", unit="block")
+    for i, block in bar:
+        model.prepare(positions, x.dtype)
+        results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i)
+        x = run_block(block, x)
         gain = sum(r.loss for r in results) / max(sum(r.loss_unscaled for r in results), 1e-30)
         bar.set_postfix(loss_vs_rtn=f"{gain:.2f}")
         if verbose:

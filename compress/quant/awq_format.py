@@ -12,12 +12,14 @@ from pathlib import Path
 
 import torch
 
-from compress.model import load
+from compress.errors import UserError
+from compress.model import lazy, load
+from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
 from compress.quant import packing
+from compress.model.arch import LAYER_LINEARS
 from compress.quant.apply import quantized_linears, swap_linears
-from compress.quant.export import cast_state
 from compress.quant.linear import PackedLinear
 from compress.quant.primitives import IntSpec
 
@@ -53,32 +55,48 @@ def awq_tensors(name: str, m: PackedLinear) -> dict[str, torch.Tensor]:
     return out
 
 
-def write_awq(model: Decoder, spec: IntSpec, out_dir: Path, source_dir: Path) -> None:
-    linears = quantized_linears(model)
-    state = {k: v for k, v in load.state_for_saving(model).items() if k.rpartition(".")[0] not in linears}
+def awq_block_state(block: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """One quantized block's tensors in AutoAWQ's names: qweight/qzeros/scales per Linear, the rest as is."""
+    linears = {name: block.get_submodule(name) for name in LAYER_LINEARS}
+    state = {k: v for k, v in block.state_dict().items() if k.rpartition(".")[0] not in linears}
     for name, m in linears.items():
         state.update(awq_tensors(name, m))
-    state = {k: v.half() if v.is_floating_point() else v for k, v in state.items()}
-    qc = {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": spec.group_size,
-          "zero_point": True, "modules_to_not_convert": None}
-    cfg = model.cfg.to_hf() | {"torch_dtype": "float16", "quantization_config": qc}
-    load.write_checkpoint(out_dir, state, cfg, source_dir)
+    return state
 
 
-def load_awq(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
-    """An AutoAWQ gemm checkpoint -> Decoder with PackedLinear modules (exact: same codes)."""
+def awq_reader(ckpt: Checkpoint) -> lazy.Reader:
+    """Reads a PackedLinear's tensors from AutoAWQ's qweight/qzeros/scales (exact: same codes), others as stored."""
+    plain = lazy.plain_reader(ckpt)
+
+    def read(name: str, module: torch.nn.Module) -> dict[str, torch.Tensor]:
+        if not isinstance(module, PackedLinear):
+            return plain(name, module)
+        codes = unpack_awq(ckpt.get(f"{name}.qweight")).t()  # [O, I]
+        zeros = unpack_awq(ckpt.get(f"{name}.qzeros")).t()  # [O, G]
+        out = {
+            "weight_packed": packing.pack(codes, 4),
+            "weight_zero_point": packing.pack_zero_points(zeros, 4),
+            "weight_scale": ckpt.get(f"{name}.scales").t().contiguous(),
+            "weight_shape": torch.tensor([module.out_features, module.in_features]),
+        }
+        if module.bias is not None:
+            out["bias"] = ckpt.get(f"{name}.bias")
+        return out
+
+    return read
+
+
+def open_awq(model_dir: Path) -> Decoder:
+    """An AutoAWQ gemm checkpoint as a lazy Decoder with PackedLinear modules (lazy.py)."""
     raw = load.read_config(model_dir)
     qc = raw["quantization_config"]
     spec = IntSpec(qc["bits"], qc["group_size"], symmetric=False)
-    model = load.build(ModelConfig.from_hf(raw), dtype)
-    state = load.read_state_dict(model_dir)
-    for block in model.model.layers:
-        swap_linears(block, lambda _, lin: PackedLinear(lin.in_features, lin.out_features, spec, lin.bias is not None, dtype))
-    for name, m in quantized_linears(model).items():
-        codes = unpack_awq(state.pop(f"{name}.qweight")).t()  # [O, I]
-        zeros = unpack_awq(state.pop(f"{name}.qzeros")).t()  # [O, G]
-        state[f"{name}.weight_packed"] = packing.pack(codes, 4)
-        state[f"{name}.weight_zero_point"] = packing.pack_zero_points(zeros, 4)
-        state[f"{name}.weight_scale"] = state.pop(f"{name}.scales").t()
-        state[f"{name}.weight_shape"] = torch.tensor([m.out_features, m.in_features])
-    return load.load_weights(model, cast_state(state, dtype)).eval()
+    model = lazy.skeleton(ModelConfig.from_hf(raw))
+    with torch.device("meta"):
+        for block in model.model.layers:
+            swap_linears(block, lambda _, lin: PackedLinear(lin.in_features, lin.out_features, spec, lin.bias is not None, torch.float16))
+    ckpt = Checkpoint(model_dir)
+    missing = [n for n in quantized_linears(model) if f"{n}.qweight" not in ckpt]
+    if missing:
+        raise UserError(f"{model_dir} is not a complete AutoAWQ gemm checkpoint: {missing[0]}.qweight is missing")
+    return lazy.attach(model, ckpt, awq_reader(ckpt))

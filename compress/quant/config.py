@@ -10,6 +10,7 @@ OUTLIER_THRESHOLD = 6.0  # LLM.int8's |x| threshold
 SMOOTH_ALPHA = 0.7  # int8: SmoothQuant migration strength on the norm-fed Linears (docs/formats.md)
 FORMATS = ("compressed-tensors", "awq")
 ROUNDINGS = ("gptq", "nearest")  # awq: how the codes are chosen on the searched grids; the first is the default
+DTYPES = ("float32", "bfloat16", "float16")  # what unquantized tensors and scales are stored as
 
 
 @dataclass
@@ -34,6 +35,7 @@ class QuantConfig:
     outlier_topk: int | None = None  # int8: instead, the K largest dims per Linear (0 = no split)
     static_activations: bool = False  # fp8: calibrated per-tensor input scales instead of per-token
     smooth_alpha: float = SMOOTH_ALPHA  # int8: 0 = no SmoothQuant migration
+    dtype: str | None = None  # stored dtype of unquantized tensors and scales; None: the source checkpoint's
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -47,6 +49,11 @@ class QuantConfig:
                 "--format awq (AutoAWQ GEMM) holds asymmetric 4-bit weights only; "
                 "use --format compressed-tensors for other bit widths and methods"
             )
+        if self.dtype is not None and self.dtype not in DTYPES:
+            raise UserError(f"--dtype {self.dtype} is not one of {', '.join(DTYPES)}")
+        if self.format == "awq" and self.dtype not in (None, "float16"):
+            raise UserError(f"--format awq (AutoAWQ GEMM) stores float16 scales and weights, not {self.dtype}; "
+                            "drop --dtype or use --format compressed-tensors")
         if self.group_size is not None and self.group_size <= 0:
             raise UserError(f"--group-size must be positive, got {self.group_size}")
         if self.calib_samples <= 0 or self.calib_seq_len <= 1:

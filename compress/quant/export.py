@@ -11,8 +11,10 @@ from pathlib import Path
 import torch
 
 from compress.errors import UserError
-from compress.model import load
+from compress.model import lazy, load
+from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
+from compress.model.shards import ShardWriter
 from compress.model.decoder import Decoder
 from compress.quant.apply import Spec, swap_linears
 from compress.quant.fp8 import Fp8Spec
@@ -22,7 +24,6 @@ from compress.quant.primitives import IntSpec
 
 PACKED, FLOAT = "pack-quantized", "float-quantized"
 INT8_METHOD = "compress-int8-outlier"
-KEEP_DTYPE = (".weight_packed", ".weight_zero_point", ".weight_shape", ".outlier_idx", ".outlier_weight")
 
 
 def int_args(spec: IntSpec) -> dict:
@@ -89,37 +90,73 @@ def spec_from_config(qc: dict) -> Spec:
     return IntSpec(w["num_bits"], w["group_size"], w["symmetric"])
 
 
-def write_quantized(model: Decoder, spec: Spec, out_dir: Path, source_dir: Path) -> None:
-    dtype = model.model.embed_tokens.weight.dtype
-    cfg = model.cfg.to_hf() | {"torch_dtype": str(dtype).removeprefix("torch."), "quantization_config": quantization_config(spec)}
-    load.write_checkpoint(out_dir, load.state_for_saving(model), cfg, source_dir)
+class QuantizedWriter:
+    """Writes a quantized model as its blocks are finished (``block``), then the rest (``finish``):
+    sharded safetensors in ``fmt`` ("compressed-tensors" or AutoAWQ's "awq"), floats stored as ``dtype``."""
+
+    def __init__(self, out_dir: Path, model: Decoder, spec: Spec, fmt: str, dtype: torch.dtype, source_dir: Path | None):
+        self.out_dir, self.model, self.spec, self.fmt, self.source_dir = Path(out_dir), model, spec, fmt, source_dir
+        self.dtype = torch.float16 if fmt == "awq" else dtype  # AutoAWQ's gemm format is fp16
+        self.writer = ShardWriter(out_dir)
+        self.stats = {"linears": 0, "outlier_dims": 0}  # what the blocks written so far hold
+
+    def block(self, i: int, block: torch.nn.Module) -> None:
+        from compress.quant.awq_format import awq_block_state
+
+        for m in block.modules():
+            if isinstance(m, Int8OutlierLinear):
+                self.stats["linears"] += 1
+                self.stats["outlier_dims"] += m.outlier_idx.numel()
+        prefix = f"model.layers.{i}."
+        state = awq_block_state(block) if self.fmt == "awq" else block.state_dict()
+        self.writer.add(lazy.cast({prefix + k: v for k, v in state.items()}, self.dtype))
+
+    def finish(self) -> None:
+        """Embeddings, final norm and an untied lm_head (read from the checkpoint if not in memory), config.json."""
+        for part in lazy.top_parts(self.model):
+            if part.startswith("model.layers."):
+                continue
+            module = self.model.get_submodule(part)
+            state = self.model.reader(part, module) if lazy.is_lazy(module) else module.state_dict()
+            self.writer.add(lazy.cast({f"{part}.{k}": v for k, v in state.items()}, self.dtype))
+        cfg = self.model.cfg.to_hf() | {"torch_dtype": load.dtype_name(self.dtype), "quantization_config": self.quantization_config()}
+        load.finish_checkpoint(self.out_dir, self.writer, cfg, self.source_dir)
+
+    def quantization_config(self) -> dict:
+        if self.fmt == "awq":
+            return {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": self.spec.group_size,
+                    "zero_point": True, "modules_to_not_convert": None}
+        return quantization_config(self.spec)
 
 
-def empty_module(spec: Spec, lin: torch.nn.Linear, name: str, state: dict, dtype: torch.dtype) -> torch.nn.Module:
-    """The quantized module for ``spec``, shaped to receive ``name``'s tensors from ``state``."""
+def write_quantized(model: Decoder, spec: Spec, out_dir: Path, source_dir: Path | None, fmt: str = "compressed-tensors",
+                    dtype: torch.dtype | None = None) -> None:
+    """Write a quantized model held in memory (floats as ``dtype``, default the embeddings')."""
+    writer = QuantizedWriter(out_dir, model, spec, fmt, dtype or model.model.embed_tokens.weight.dtype, source_dir)
+    for i, block in enumerate(model.model.layers):
+        writer.block(i, block)
+    writer.finish()
+
+
+def empty_module(spec: Spec, lin: torch.nn.Linear, name: str, ckpt: Checkpoint) -> torch.nn.Module:
+    """The quantized module for ``spec`` on the meta device, shaped for ``name``'s tensors in ``ckpt``."""
     bias = lin.bias is not None
-    if isinstance(spec, Int8Spec):
-        return Int8OutlierLinear(lin.in_features, lin.out_features, state[f"{name}.outlier_idx"].numel(), bias, dtype)
-    if isinstance(spec, Fp8Spec):
-        return Fp8Linear(lin.in_features, lin.out_features, spec.static_activations, bias, dtype)
-    return PackedLinear(lin.in_features, lin.out_features, spec, bias, dtype)
+    with torch.device("meta"):
+        if isinstance(spec, Int8Spec):
+            return Int8OutlierLinear(lin.in_features, lin.out_features, ckpt.shape(f"{name}.outlier_idx")[0], bias, torch.float32)
+        if isinstance(spec, Fp8Spec):
+            return Fp8Linear(lin.in_features, lin.out_features, spec.static_activations, bias, torch.float32)
+        return PackedLinear(lin.in_features, lin.out_features, spec, bias, torch.float32)
 
 
-def cast_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    """Floating tensors to ``dtype``, except codes (fp8, int) and the fp16 outlier columns."""
-    def keep(k: str, v: torch.Tensor) -> bool:
-        return not v.is_floating_point() or v.dtype == torch.float8_e4m3fn or k.endswith(KEEP_DTYPE)
-
-    return {k: v if keep(k, v) else v.to(dtype) for k, v in state.items()}
-
-
-def load_quantized(model_dir: Path, dtype: torch.dtype = torch.float32) -> Decoder:
-    """One of our compressed-tensors or int8-outlier exports -> Decoder with quantized modules."""
+def open_quantized(model_dir: Path) -> Decoder:
+    """One of our compressed-tensors or int8-outlier exports as a lazy Decoder with quantized modules (lazy.py)."""
     raw = load.read_config(model_dir)
     spec = spec_from_config(raw["quantization_config"])
-    cfg = ModelConfig.from_hf(raw)
-    model = load.build(cfg, dtype)
-    state = load.read_state_dict(model_dir)
+    ckpt = Checkpoint(model_dir)
+    model = lazy.skeleton(ModelConfig.from_hf(raw))
     for i, block in enumerate(model.model.layers):
-        swap_linears(block, lambda name, lin: empty_module(spec, lin, f"model.layers.{i}.{name}", state, dtype))
-    return load.load_weights(model, cast_state(state, dtype)).eval()
+        swap_linears(block, lambda name, lin: empty_module(spec, lin, f"model.layers.{i}.{name}", ckpt))
+    model = lazy.attach(model, ckpt)
+    load.check_names(model, ckpt)
+    return model

@@ -11,10 +11,10 @@ import torch
 from torch import nn
 from tqdm import tqdm
 
-from compress.calib import block_inputs, compute_device, on_device, record_absmax, run_block
+from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_absmax, run_block
 from compress.model.arch import LAYER_LINEARS
 from compress.model.decoder import Decoder, RMSNorm
-from compress.quant.apply import swap_linears
+from compress.quant.apply import each_block, swap_linears
 from compress.quant.awq_apply import fold_scales
 from compress.quant.fp8 import Fp8Spec, input_scale
 from compress.quant.int8 import Int8Spec, outlier_dims
@@ -25,21 +25,21 @@ MakeLinear = Callable[[str, nn.Linear, torch.Tensor], nn.Module]  # (name, linea
 Transform = Callable[[nn.Module, dict[str, torch.Tensor]], None]  # (block, max |x| by name): changes both in place
 
 
-def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc: str, transform: Transform | None = None) -> dict[str, torch.Tensor]:
+def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc: str, transform: Transform | None = None,
+                    done: BlockDone | None = None) -> dict[str, torch.Tensor]:
     """Swap every decoder Linear for ``make(name, linear, absmax)`` (after ``transform`` of the
     block and its statistics); returns the statistics the swap used, by full name."""
     device = compute_device()
     x = block_inputs(model, calib, device)  # [N, T, C]
     positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]
     stats = {}
-    for i, block in enumerate(tqdm(model.model.layers, desc=desc, unit="block")):
-        with on_device(block, device):
-            model.prepare(positions, x.dtype)
-            absmax = record_absmax(block, x, list(LAYER_LINEARS))
-            if transform is not None:
-                transform(block, absmax)
-            swap_linears(block, lambda name, lin: make(name, lin, absmax[name]))
-            x = run_block(block, x)
+    for i, block in tqdm(blocks(model, device, done), total=model.cfg.num_layers, desc=desc, unit="block"):
+        model.prepare(positions, x.dtype)
+        absmax = record_absmax(block, x, list(LAYER_LINEARS))
+        if transform is not None:
+            transform(block, absmax)
+        swap_linears(block, lambda name, lin: make(name, lin, absmax[name]))
+        x = run_block(block, x)
         stats.update({f"model.layers.{i}.{name}": a.cpu() for name, a in absmax.items()})
     return stats
 
@@ -62,28 +62,29 @@ def smooth_block(model: Decoder, alpha: float) -> Transform:
     return transform
 
 
-def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None, done: BlockDone | None = None) -> dict[str, torch.Tensor]:
     """Int8OutlierLinear everywhere; ``calib`` may be None only for top-0 (no split) without smoothing."""
     if calib is None:
-        for block in model.model.layers:
+        def swap(block: nn.Module) -> None:
             swap_linears(block, lambda _, lin: Int8OutlierLinear.from_float(lin, outlier_dims(None, spec)))
+
+        each_block(model, swap, "int8", done)
         return {}
     smooth = smooth_block(model, spec.smooth_alpha) if spec.smooth_alpha > 0 else None
 
     def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Int8OutlierLinear:
         return Int8OutlierLinear.from_float(lin, outlier_dims(absmax, spec))
 
-    return calibrated_swap(model, calib, make, "int8 outliers", smooth)
+    return calibrated_swap(model, calib, make, "int8 outliers", smooth, done)
 
 
-def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None) -> dict[str, torch.Tensor]:
+def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None, done: BlockDone | None = None) -> dict[str, torch.Tensor]:
     """Fp8Linear everywhere; with static activations the input scales come from ``calib``."""
     if not spec.static_activations:
-        for block in model.model.layers:
-            swap_linears(block, lambda _, lin: Fp8Linear.from_float(lin))
+        each_block(model, lambda block: swap_linears(block, lambda _, lin: Fp8Linear.from_float(lin)), "fp8", done)
         return {}
 
     def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Fp8Linear:
         return Fp8Linear.from_float(lin, input_scale(absmax, lin.weight.dtype))
 
-    return calibrated_swap(model, calib, make, "fp8 input scales")
+    return calibrated_swap(model, calib, make, "fp8 input scales", done=done)

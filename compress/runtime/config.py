@@ -1,12 +1,13 @@
 """EngineConfig: the knobs of the runtime, validated once when the engine is built."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from compress.errors import UserError
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+AUTO = "auto"  # the checkpoint's dtype on CUDA; float32 on CPU, where the C kernels are fp32
 
 
 @dataclass
@@ -18,7 +19,7 @@ class EngineConfig:
     kv_cache_fraction: float = 0.1
     max_model_len: int | None = None  # None: the model's max_position_embeddings
     enable_prefix_caching: bool = True
-    dtype: str = "float32"
+    dtype: str = AUTO
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     num_speculative_tokens: int = 4  # draft tokens per step when the engine has a draft model
     draft_vocab: int | None = None  # the draft proposes only token ids below this (None: all)
@@ -35,11 +36,20 @@ class EngineConfig:
             raise UserError(f"kv_cache_fraction must be in (0, 1], got {self.kv_cache_fraction}")
         if self.max_model_len is not None and self.max_model_len <= 1:
             raise UserError(f"max_model_len must be at least 2, got {self.max_model_len}")
-        if self.dtype not in DTYPES:
-            raise UserError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype}")
+        if self.dtype not in (AUTO, *DTYPES):
+            raise UserError(f"dtype must be one of {AUTO}, {', '.join(DTYPES)}, got {self.dtype}")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"device {self.device} requested but CUDA is not available")
 
+    def resolved(self, stored: torch.dtype) -> "EngineConfig":
+        """This config with dtype "auto" made concrete for a checkpoint stored as ``stored``."""
+        if self.dtype != AUTO:
+            return self
+        name = str(stored).removeprefix("torch.")
+        return replace(self, dtype=name if self.device.startswith("cuda") and name in DTYPES else "float32")
+
     @property
     def torch_dtype(self) -> torch.dtype:
+        if self.dtype == AUTO:
+            raise ValueError("EngineConfig.dtype is 'auto'; call resolved() with the checkpoint's dtype first")
         return DTYPES[self.dtype]

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from compress.errors import UserError
-from compress.models import load_model, load_tokenizer, resolve
+from compress.models import checkpoint_dtype, load_model, load_tokenizer, resolve
 from compress.runtime.block_manager import BlockManager
 from compress.runtime.config import EngineConfig
 from compress.runtime.detokenizer import Detokenizer
@@ -43,6 +43,7 @@ class LLM:
         if self.config.draft_vocab is not None and (draft is None or str(draft) == NGRAM):
             raise UserError("draft_vocab (--draft-vocab) applies to a draft model: give draft=MODEL (--draft MODEL)")
         model_dir = resolve(str(model))
+        self.config = self.config.resolved(checkpoint_dtype(model_dir))
         self.tokenizer = load_tokenizer(model_dir)
         decoder = load_model(model_dir, self.config.torch_dtype)
         self.vocab_size, context = decoder.cfg.vocab_size, decoder.cfg.max_position_embeddings

@@ -67,7 +67,7 @@ def test_transformers_loads_symmetric_int4_compressed(tmp_path):
 def test_autoawq_gemm_round_trip(tmp_path):
     from transformers import AutoConfig
 
-    from compress.quant.awq_format import pack_awq, unpack_awq, write_awq
+    from compress.quant.awq_format import pack_awq, unpack_awq
 
     codes = torch.randint(0, 16, (5, 24))
     assert torch.equal(unpack_awq(pack_awq(codes)), codes)
@@ -78,7 +78,7 @@ def test_autoawq_gemm_round_trip(tmp_path):
     spec = quantize(model, QuantConfig(method="rtn", bits=4))
     out = tmp_path / "awq"
     out.mkdir()
-    write_awq(model, spec, out, src)
+    write_quantized(model, spec, out, src, fmt="awq")
     reloaded = load_model(out)
     for (name, a), b in zip(model.named_modules(), reloaded.modules()):
         if hasattr(a, "weight_packed"):

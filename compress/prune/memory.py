@@ -1,0 +1,132 @@
+"""What `compress prune-distill` needs in memory, from config numbers alone (nothing is loaded).
+
+The terms follow what prune_distill.py and distill.py do:
+
+- teacher: every parameter in the dtype it is loaded in (fp32 today), frozen, no gradients.
+- student: trained in fp32 by AdamW: weights, gradients, exp_avg and exp_avg_sq, 16 bytes a
+  parameter; under bf16 autocast (CUDA) also the bf16 copies of its weights that autocast keeps for
+  the backward, 2 more. The `--hidden-weight` projection (Cs x Ct) is trained with it.
+- activations: what the student's forward saves for the backward, per token and layer
+  (`per_token_layer`; SDPA stores no T x T scores): the fp32 residual stream into both RMSNorms,
+  the inputs of the Linears (under autocast one bf16 cast of the normed x per Linear), rotated q
+  and k, v, the attention output, and the MLP's gate, silu(gate), up and their product; one more
+  layer for the gradients of the backward.
+- logits: KD over the whole vocabulary, one micro-batch at a time: the teacher's and the
+  student's logits in the compute dtype (alive until the loss returns), their fp32 log-softmax
+  outputs and about three fp32 [tokens, V] temporaries inside the KL (LOGIT_COPIES = 5 fp32).
+
+Checked on CPU (fp32; the growth of peak RSS over one training step of random models, hidden
+128-1024): the logits term within 3 % (vocab 32000), activations 10-20 % high. The bf16 (CUDA)
+numbers follow the same count and have not been measured.
+
+Without distillation (`--no-distill`) it is the two models and one no-grad calibration batch.
+"""
+
+from dataclasses import dataclass
+
+from compress.errors import UserError
+from compress.model.config import ModelConfig
+from compress.prune.config import DistillConfig, PruneConfig
+from compress.prune.shape import Shape, param_count
+
+GiB = 1 << 30
+ADAMW_FP32 = 4 * 4  # weights, gradients, exp_avg, exp_avg_sq
+LOGIT_COPIES = 5  # fp32 [tokens, V]: two log-softmax outputs kept for the backward, ~3 temporaries in the KL
+CALIB_BATCH = 8  # activation_importance's batch
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes, by what holds them."""
+
+    teacher_params: int
+    teacher_bytes: int  # per parameter
+    student_params: int
+    student_bytes: int  # per parameter (16 trained, + 2 under autocast; 4 when only pruned)
+    activations: int
+    logits: int
+    tokens: int  # per micro-batch
+    training: bool
+
+    @property
+    def teacher(self) -> int:
+        return self.teacher_params * self.teacher_bytes
+
+    @property
+    def student(self) -> int:
+        return self.student_params * self.student_bytes
+
+    @property
+    def total(self) -> int:
+        return self.teacher + self.student + self.activations + self.logits
+
+    def describe(self) -> str:
+        """One line: 'teacher 29.9 GiB fp32, student 67.2 GiB (4.51B x 16 bytes: fp32 weights, grads, AdamW), ...'."""
+        dtype = {4: "fp32", 2: "bf16", 1: "fp8"}.get(self.teacher_bytes, f"{self.teacher_bytes} bytes")
+        held = ("fp32 weights, grads, AdamW" + (", bf16 copy" if self.student_bytes > ADAMW_FP32 else "")
+                if self.training else "fp32 weights")
+        return (f"teacher {size(self.teacher)} {dtype}, student {size(self.student)} "
+                f"({self.student_params / 1e9:.2f}B x {self.student_bytes} bytes: {held}), "
+                f"activations {size(self.activations)}, logits {size(self.logits)} "
+                f"({self.tokens:,} tokens a micro-batch)")
+
+    def table(self) -> str:
+        """The same numbers as a markdown table (docs/prune.md has the one for Llama-3-8B)."""
+        rows = [("teacher", self.teacher_params, self.teacher_bytes, self.teacher),
+                ("student", self.student_params, self.student_bytes, self.student),
+                ("activations", None, None, self.activations), ("logits", None, None, self.logits),
+                ("total", None, None, self.total)]
+        lines = ["| | parameters | bytes each | GiB |", "|---|---:|---:|---:|"]
+        for name, n, each, size in rows:
+            lines.append(f"| {name} | {f'{n / 1e9:.2f}B' if n else ''} | {each or ''} | {gib(size)} |")
+        return "\n".join(lines)
+
+
+def check(est: MemoryEstimate, available: int, where: str) -> None:
+    """One UserError line when est does not fit in `available` bytes ('this machine has' / 'the GPU has')."""
+    if est.total <= available:
+        return
+    fix = ("use a GPU with more memory, or a smaller --batch-size or --seq-len (--grad-accum keeps the tokens "
+           "a step)" if est.training else "use a machine with more memory")
+    raise UserError(f"prune-distill needs about {size(est.total)} ({est.describe()}); {where} "
+                    f"{size(available)} available: {fix} (docs/prune.md, Memory)")
+
+
+def gib(n: int) -> str:
+    return f"{n / GiB:.1f}"
+
+
+def size(n: int) -> str:
+    return f"{n / GiB:.1f} GiB" if n >= GiB else f"{n / (1 << 20):.0f} MiB"
+
+
+def per_token_layer(cfg: ModelConfig, shape: Shape, autocast: bool) -> int:
+    """Bytes one student layer saves for the backward, per token."""
+    C, I = shape.hidden_size, shape.intermediate_size
+    q, kv = shape.num_heads * cfg.head_dim, shape.num_kv_heads * cfg.head_dim
+    act = 2 if autocast else 4
+    norms = 2 * 4 * C  # the fp32 residual stream into input_layernorm and post_attention_layernorm
+    linear_inputs = (5 if autocast else 2) * act * C  # autocast casts the normed x once per Linear
+    attention = act * (2 * q + 2 * kv + q)  # rotated q, k; v; the output (o_proj's input counted once more)
+    mlp = 4 * act * I  # gate, silu(gate), up, product
+    return norms + linear_inputs + attention + mlp
+
+
+def estimate(cfg: ModelConfig, shape: Shape, dcfg: DistillConfig | None, pcfg: PruneConfig,
+             teacher_bytes: int = 4, autocast: bool = False) -> MemoryEstimate:
+    """Memory of prune-distill from the teacher's config, the student's shape and the run's settings."""
+    teacher_params, student_params = param_count(cfg, Shape.of(cfg)), param_count(cfg, shape)
+    V = cfg.vocab_size
+    if dcfg is None:  # prune only: both models in fp32 and one no-grad calibration batch
+        tokens = CALIB_BATCH * pcfg.calib_seq_len
+        return MemoryEstimate(teacher_params, teacher_bytes, student_params, 4,
+                              tokens * 4 * (cfg.hidden_size * 4 + cfg.intermediate_size * 3), tokens * 4 * V * 2,
+                              tokens, training=False)
+    if dcfg.hidden_weight:  # the trained projection of the student's hidden states onto the teacher's
+        student_params += shape.hidden_size * cfg.hidden_size
+    tokens = dcfg.batch_size * dcfg.seq_len
+    act = 2 if autocast else 4
+    activations = tokens * (shape.num_layers + 1) * per_token_layer(cfg, shape, autocast)
+    logits = tokens * V * (LOGIT_COPIES * 4 + 2 * act)
+    return MemoryEstimate(teacher_params, teacher_bytes, student_params, ADAMW_FP32 + (2 if autocast else 0),
+                          activations, logits, tokens, training=True)
