@@ -96,8 +96,10 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
 def panels_of(t: torch.Tensor) -> torch.Tensor:
     """[O, K] of any dtype -> [ceil(O/16), K, 16]: 16 rows interleaved per panel, zeros past O."""
     out_features, k = t.shape
-    padded = t.new_zeros(-(-out_features // PANEL) * PANEL, k)
-    padded[:out_features] = t
+    padded = t
+    if out_features % PANEL:  # else no padded copy: an lm_head's is as large as the weight
+        padded = t.new_zeros(-(-out_features // PANEL) * PANEL, k)
+        padded[:out_features] = t
     return padded.view(-1, PANEL, k).transpose(1, 2).contiguous()
 
 

@@ -23,8 +23,8 @@ ALIGN = 8  # tensor data starts 8-byte aligned, as the safetensors writer pads i
 
 
 class ShardWriter:
-    def __init__(self, out_dir: Path, max_bytes: int = MAX_SHARD_BYTES):
-        self.dir, self.max_bytes = Path(out_dir), max_bytes
+    def __init__(self, out_dir: Path, max_bytes: int | None = None):
+        self.dir, self.max_bytes = Path(out_dir), max_bytes or MAX_SHARD_BYTES
         self.shards: list[dict[str, dict]] = []  # per finished shard: its header
         self.header: dict[str, dict] = {}
         self.size = 0

@@ -34,6 +34,11 @@ def to_int32(words: torch.Tensor) -> torch.Tensor:
 
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """[R, C] codes in [0, 2^bits) -> [R, ceil(C*bits/32)] int32 along dim 1."""
+    return _pack4(codes) if bits == 4 else pack_stream(codes, bits)
+
+
+def pack_stream(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """:func:`pack` for any width, straight from the bit-stream definition above."""
     rows, cols = codes.shape
     padded = math.ceil(cols / 32) * 32  # 32 codes fill exactly `bits` words
     v = torch.zeros(rows, padded, dtype=torch.int64, device=codes.device)
@@ -48,6 +53,11 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 def unpack(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
     """[R, W] int32 -> [R, cols] uint8 codes; inverse of :func:`pack`."""
+    return _unpack4(packed, cols) if bits == 4 else unpack_stream(packed, bits, cols)
+
+
+def unpack_stream(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
+    """:func:`unpack` for any width, straight from the bit-stream definition above."""
     words = packed.to(torch.int64) & 0xFFFFFFFF
     words = torch.nn.functional.pad(words, (0, 1))  # a zero word for the last code's straddle
     start = torch.arange(cols, device=packed.device) * bits
@@ -55,6 +65,29 @@ def unpack(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
     lo = words[:, word] >> offset
     hi = words[:, word + 1] << (32 - offset)
     return ((lo | hi) & (2**bits - 1)).to(torch.uint8)
+
+
+# 4 bits: two codes a byte, the first in the low nibble, and the bytes of a little-endian int32 in order,
+# so the stream above is a byte array: no int64 intermediates (8x the codes' size) and no gathers.
+LITTLE_ENDIAN = torch.tensor([1], dtype=torch.int32).view(torch.uint8)[0].item() == 1
+
+
+def _pack4(codes: torch.Tensor) -> torch.Tensor:
+    if not LITTLE_ENDIAN:
+        raise RuntimeError("the 4-bit packing assumes a little-endian host")
+    rows, cols = codes.shape
+    padded = -(-cols // 8) * 8
+    c = codes.to(torch.uint8)
+    if padded != cols:
+        c = torch.nn.functional.pad(c, (0, padded - cols))
+    return (c[:, 0::2] | (c[:, 1::2] << 4)).reshape(-1).view(torch.int32).view(rows, -1)  # [R, C'/8]
+
+
+def _unpack4(packed: torch.Tensor, cols: int) -> torch.Tensor:
+    if not LITTLE_ENDIAN:
+        raise RuntimeError("the 4-bit packing assumes a little-endian host")
+    b = packed.reshape(-1).view(torch.uint8).view(packed.shape[0], -1)  # [R, 4W]
+    return torch.stack((b & 0xF, b >> 4), dim=-1).flatten(1)[:, :cols].contiguous()
 
 
 def pack_zero_points(zero: torch.Tensor, bits: int) -> torch.Tensor:

@@ -77,7 +77,9 @@ def cpu_linears(model: nn.Module) -> Counter:
     (no compiler, not fp32) Linears stay as they are and PackedLinears become plain Linears of the
     dequantized weight."""
     packed: Counter = Counter()
-    for name, m in [(name, m) for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]:
+    # Names, not modules: a list of the old modules would keep every one alive until the last is swapped.
+    for name in [name for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]:
+        m = model.get_submodule(name)
         new = swap_one(m)
         if new is None:
             continue

@@ -44,3 +44,14 @@ def test_matches_compressed_tensors(bits):
     signed = (codes - 2 ** (bits - 1)).to(torch.int8)
     assert torch.equal(packing.pack(codes, bits), helpers.pack_to_int32(signed, bits))
     assert torch.equal(packing.pack_zero_points(codes, bits), helpers.pack_to_int32(signed, bits, packed_dim=0))
+
+
+@pytest.mark.parametrize("rows, cols", [(1, 8), (5, 64), (7, 13), (3, 100), (2, 1)])
+def test_four_bit_byte_path_equals_the_bit_stream(rows, cols):
+    from compress.quant.packing import pack, pack_stream, unpack, unpack_stream
+
+    codes = torch.randint(0, 16, (rows, cols), dtype=torch.uint8, generator=torch.Generator().manual_seed(cols))
+    packed = pack(codes, 4)
+    assert torch.equal(packed, pack_stream(codes, 4))
+    assert torch.equal(unpack(packed, 4, cols), unpack_stream(packed, 4, cols))
+    assert torch.equal(unpack(packed, 4, cols), codes)
