@@ -10,6 +10,7 @@ if os.environ.get("COMPRESS_ALLOW_DOWNLOAD", "").lower() not in ("1", "true", "y
 import click  # noqa: E402
 
 from compress.errors import UserError  # noqa: E402
+from compress.malloc import return_freed_memory  # noqa: E402
 from compress.quant.config import OUTLIER_THRESHOLD, SMOOTH_ALPHA  # noqa: E402
 
 
@@ -253,6 +254,7 @@ def _terminate(signum, frame):
 def run_command(command: click.Command) -> None:
     """Run a click command as a program: a UserError is one line and exit 2, an interrupt exit 130."""
     signal.signal(signal.SIGTERM, _terminate)
+    return_freed_memory()
     try:
         command.main(standalone_mode=False)
     except UserError as e:

@@ -101,10 +101,26 @@ def wikitext(name: str, path: Path, cfg: EvalConfig) -> float:
     from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
 
     pcfg = PerplexityConfig(seq_len=cfg.seq_len, limit_tokens=cfg.limit_tokens)
-    ppl = perplexity(models.open_model(path), wikitext_tokens(models.load_tokenizer(path)), pcfg, desc=f"wikitext {name}")
+    model = models.open_model(path)
+    check_memory(model, cfg.seq_len, name)
+    ppl = perplexity(model, wikitext_tokens(models.load_tokenizer(path)), pcfg, desc=f"wikitext {name}")
     record_quality(path, f"wikitext_ppl_seq{cfg.seq_len}" + (f"_first{cfg.limit_tokens}" if cfg.limit_tokens else ""),
                    round(ppl, 4))
     return ppl
+
+
+def check_memory(model, seq_len: int, name: str) -> None:
+    """Streamed perplexity holds one fp32 block, a group of windows' activations, the head and one window's logits."""
+    import torch
+
+    from compress.calib import compute_device
+    from compress.eval.perplexity import ACTIVATION_BYTES
+    from compress.model import memory
+
+    head = "model.embed_tokens." if model.cfg.tie_word_embeddings else "lm_head."
+    logits = 3 * seq_len * model.cfg.vocab_size * 4  # fp32 logits, their log-softmax and its gradient-free temporaries
+    need = 2 * memory.block_bytes(model, torch.float32) + ACTIVATION_BYTES + memory.tensor_bytes(model, head, torch.float32) + logits
+    memory.require(need, compute_device(), f"perplexity of {name}", "pass a shorter --seq-len, or run it on a machine with more memory")
 
 
 def print_table(rows: list[dict]) -> None:

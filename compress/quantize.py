@@ -42,6 +42,20 @@ def output_dtype(cfg: QuantConfig, src: Path) -> torch.dtype:
     return dtype
 
 
+def check_memory(decoder, cfg: QuantConfig, model: str) -> None:
+    """One block in fp32 with its quantized copy and temporaries, the calibration activations, AWQ's H matrices."""
+    from compress.calib import compute_device
+    from compress.model import memory
+
+    need = 3 * memory.block_bytes(decoder, torch.float32)
+    if cfg.needs_calibration:
+        need += 3 * cfg.calib_samples * cfg.calib_seq_len * decoder.cfg.hidden_size * 4  # a block's input, output, one recorded
+    if cfg.method == "awq" and cfg.gptq:
+        need += 4 * max(decoder.cfg.hidden_size, decoder.cfg.intermediate_size) ** 2 * 4  # the widest H, its factor, temporaries
+    memory.require(need, compute_device(), f"quantizing {model} with {cfg.method}",
+                   "use fewer --calib-samples or a shorter --calib-seq-len, or a machine with more memory")
+
+
 def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False, verbose: bool = False) -> Path:
     outdir.check_target(Path(output), force)  # fail before the slow part
     src = models.resolve(model)
@@ -52,6 +66,7 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
     if isinstance(spec, IntSpec) and cfg.group_size is None and spec.group_size != DEFAULT_GROUP_SIZES[0]:
         print(f"group size {spec.group_size}: {DEFAULT_GROUP_SIZES[0]} does not divide every quantized Linear's in_features")
     dtype = output_dtype(cfg, src)
+    check_memory(decoder, cfg, model)
     calib = None
     if cfg.needs_calibration:
         from compress.calib import calibration_tokens

@@ -171,7 +171,7 @@ class Decoder(nn.Module):
         """Final-norm hidden states [B, T, C] for input_ids [B, T]."""
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        x = self.model.embed_tokens(input_ids)  # [B, T, C]
+        x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)  # [B, T, C]; the table may be stored narrower
         self.prepare(positions, x.dtype, backend)
         for block in self.model.layers:
             x = block(x)

@@ -88,8 +88,15 @@ def top_parts(model: Decoder) -> list[str]:
 
 
 def materialize_all(model: Decoder, dtype: torch.dtype, device: torch.device | str = "cpu") -> Decoder:
-    """The whole model in memory as ``dtype``: it never holds more than itself plus one tensor being read."""
+    """The whole model in memory as ``dtype``: it never holds more than itself plus one tensor being read.
+
+    An untied embedding table stored narrower than ``dtype`` stays as stored: only the rows of the
+    tokens are read from it, and widening those is exact (an 8B's table is 1 GiB less in fp32)."""
     for name in top_parts(model):
-        if is_lazy(model.get_submodule(name)):
-            materialize(model, name, dtype, device)
+        if not is_lazy(model.get_submodule(name)):
+            continue
+        keep = name == "model.embed_tokens" and not model.cfg.tie_word_embeddings
+        stored = model.checkpoint.stored_dtype("model.embed_tokens.weight") if keep else None
+        narrower = stored is not None and stored.is_floating_point and stored.itemsize < dtype.itemsize
+        materialize(model, name, stored if narrower else dtype, device)
     return model.eval()

@@ -45,7 +45,7 @@ class Drafter:
         if load_tokenizer(model_dir).get_vocab() != target_tokenizer.get_vocab():
             raise UserError(f"the draft model {model} has a different tokenizer from the target; "
                             f"speculative decoding needs the same vocabulary")
-        decoder = load_model(model_dir, config.torch_dtype)
+        decoder = load_model(model_dir, config.torch_dtype, config.device)
         if config.draft_vocab is not None:
             restrict_head(decoder, config.draft_vocab)
         self.k, self.vocab_size = config.num_speculative_tokens, vocab_size  # the target's: drafts are padded or cut to it

@@ -45,7 +45,7 @@ class LLM:
         model_dir = resolve(str(model))
         self.config = self.config.resolved(checkpoint_dtype(model_dir))
         self.tokenizer = load_tokenizer(model_dir)
-        decoder = load_model(model_dir, self.config.torch_dtype)
+        decoder = load_model(model_dir, self.config.torch_dtype, self.config.device)
         self.vocab_size, context = decoder.cfg.vocab_size, decoder.cfg.max_position_embeddings
         self.max_model_len = min(self.config.max_model_len or context, context)
         self.eos_token_ids = eos_ids(decoder.cfg.eos_token_id, self.tokenizer)

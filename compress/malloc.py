@@ -1,0 +1,24 @@
+"""Let memory freed by tensors go back to the OS (glibc), so peak RSS is what is live, not what was."""
+
+import ctypes
+import ctypes.util
+import sys
+
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+THRESHOLD = 64 * 1024
+
+
+def return_freed_memory() -> None:
+    """Fix glibc's mmap threshold. By default glibc raises it each time a large block is freed (up to
+    32 MiB); blocks below it then come from the heap, and freed ones stay in RSS. Reading a model tensor
+    by tensor frees thousands of such blocks (measured: 8.6 GiB peak vs ~7 live for an 8B int4 engine).
+    With a fixed threshold each large tensor has its own mapping, unmapped when freed. No-op off glibc."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    except OSError:
+        return
+    mallopt = getattr(libc, "mallopt", None)  # musl has none
+    if mallopt is not None:
+        mallopt(M_MMAP_THRESHOLD, THRESHOLD)
