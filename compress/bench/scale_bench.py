@@ -1,19 +1,23 @@
 """Peak memory and wall time of the real CLI on random-weight bf16 checkpoints of real shapes.
 
     python -m compress.bench.scale_bench --shape llama3-8b --shape tinyllama-1.1b \\
-        [--steps write,rtn,awq,generate,eval] [--skip awq] [--work DIR] [--out FILE.md]
+        [--steps write,hf-load,rtn,awq,awq-blocks,generate,eval] [--skip awq] [--work DIR] [--out FILE.md]
     python -m compress.bench.scale_bench --dry-run     # the tiny shape, every step, a temp dir, < 1 min
 
 For each shape it writes (or reuses) WORK/SHAPE/src with compress.bench.random_checkpoint, then
 runs each step as its own process under `/usr/bin/time -v` with HF_HUB_OFFLINE=1:
   write     python -m compress.bench.random_checkpoint SHAPE SRC      ("reused" when complete)
+  hf-load   transformers' AutoModelForCausalLM.from_pretrained(SRC, dtype="auto") and one token through
+            it: the baseline that llm-compressor and AutoAWQ start from (the whole model in memory)
   rtn       compress quantize SRC --method rtn --bits 4 -o WORK/SHAPE/rtn --force
   awq       compress quantize SRC --method awq --bits 4 --calib-samples 4 --calib-seq-len 64 -o .../awq --force
+  awq-blocks  python -m compress.bench.first_blocks SRC --method awq --blocks 2: the default calibration
+            (128 x 512 tokens) on the first two blocks, and the whole model's time extrapolated
   generate  compress generate OUT "Hello" --max-tokens 16     (OUT: this run's RTN output, else SRC)
   eval      compress eval SRC --tasks wikitext --limit-tokens 2048 --seq-len 2048
 and prints a markdown table (peak RSS, wall time, bytes in and out) under a header naming the
 host. A failed step is a row with its exit status and the last line of its stderr. AWQ on 8B
-takes hours on CPU: pass --skip awq and time its first blocks separately. Logs and the
+takes hours on CPU: pass --skip awq and keep awq-blocks. Logs and the
 `time -v` reports are kept in WORK/SHAPE/logs/.
 """
 
@@ -34,7 +38,11 @@ import torch
 from compress import models
 from compress.bench.random_checkpoint import SHAPES, SHARD_BYTES, hf_config, is_complete
 
-STEPS = ("write", "rtn", "awq", "generate", "eval")
+STEPS = ("write", "hf-load", "rtn", "awq", "awq-blocks", "generate", "eval")
+# The baseline: transformers loading the checkpoint as stored (what llm-compressor and AutoAWQ start from) and
+# running one token through it: its weights are memory-mapped, so they count in RSS once a forward touches them.
+HF_LOAD = ("import sys, torch; from transformers import AutoModelForCausalLM; "
+           "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], dtype='auto'); m(torch.tensor([[1]]))")
 SPEED_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_bf16", "amx_int8")
 CLI = [sys.executable, "-m", "compress.cli"]
 DRY_RUN_SHARD_BYTES = 4 * 2**20  # the tiny checkpoint then has several shards and an index
@@ -79,8 +87,8 @@ def bench_env() -> dict:
     return env
 
 
-def run_timed(argv: list[str], logs: Path, name: str) -> tuple[int, int | None, float | None, str]:
-    """Run argv under /usr/bin/time -v: (exit status, peak RSS bytes, wall s, last stderr line)."""
+def run_timed(argv: list[str], logs: Path, name: str) -> tuple[int, int | None, float | None, str, str]:
+    """Run argv under /usr/bin/time -v: (exit status, peak RSS bytes, wall s, last stderr line, last stdout line)."""
     logs.mkdir(parents=True, exist_ok=True)
     report, out, err = (logs / f"{name}.{ext}" for ext in ("time", "out", "err"))
     print(f"$ {shlex.join(argv)}   (logs: {logs}/{name}.*)", flush=True)
@@ -90,7 +98,7 @@ def run_timed(argv: list[str], logs: Path, name: str) -> tuple[int, int | None, 
         peak, wall = parse_time_v(report.read_text())
     except (OSError, ValueError):
         peak, wall = None, None
-    return rc, peak, wall, last_line(err.read_text(errors="replace"))
+    return rc, peak, wall, last_line(err.read_text(errors="replace")), last_line(out.read_text(errors="replace"))
 
 
 def step_argv(step: str, shape: str, src: Path, work: Path, shard_bytes: int, gen_model: Path) -> tuple[list[str], Path | None]:
@@ -98,6 +106,10 @@ def step_argv(step: str, shape: str, src: Path, work: Path, shard_bytes: int, ge
     if step == "write":
         return [sys.executable, "-m", "compress.bench.random_checkpoint", shape, str(src),
                 "--shard-bytes", str(shard_bytes)], None
+    if step == "hf-load":
+        return [sys.executable, "-c", HF_LOAD, str(src)], None
+    if step == "awq-blocks":
+        return [sys.executable, "-m", "compress.bench.first_blocks", str(src), "--method", "awq", "--blocks", "2"], None
     if step in ("rtn", "awq"):
         calib = ["--calib-samples", "4", "--calib-seq-len", "64"] if step == "awq" else []
         out = work / step
@@ -119,13 +131,15 @@ def bench_shape(shape: str, steps: list[str], work: Path, shard_bytes: int) -> l
             rows.append(Row(shape, step, src_bytes=weights_bytes(src), status="reused"))
             continue
         argv, out = step_argv(step, shape, src, work, shard_bytes, gen_model)
-        rc, peak, wall, err = run_timed(argv, work / "logs", step)
+        rc, peak, wall, err, said = run_timed(argv, work / "logs", step)
         row = Row(shape, step if step != "generate" else f"generate ({gen_model.name})", peak, wall,
                   weights_bytes(src), weights_bytes(out) if out and rc == 0 else None)
         if rc != 0:
             row.status = f"failed (exit {rc}): {err}"
         elif step == "rtn":
             gen_model = out
+        elif step == "awq-blocks":
+            row.status = f"ok: {said}"
         rows.append(row)
         print(format_row(row), flush=True)
     return rows

@@ -124,7 +124,7 @@ def test_last_line_of_progress_bars():
 
 def test_run_timed_reports_a_failure(tmp_path):
     code = "import sys; print('working', file=sys.stderr); sys.exit('error: no such model')"
-    rc, peak, wall, err = run_timed([sys.executable, "-c", code], tmp_path, "step")
+    rc, peak, wall, err, _ = run_timed([sys.executable, "-c", code], tmp_path, "step")
     assert (rc, err) == (1, "error: no such model")
     assert peak > 2**20 and 0 < wall < 60
     assert "Maximum resident set size" in (tmp_path / "step.time").read_text()
