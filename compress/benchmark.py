@@ -102,7 +102,8 @@ def labels(names: list[str]) -> list[str]:
 
 def run_sweep(models: list[tuple[str, Path]], cfg: BenchConfig) -> list[list[dict]]:
     """The sweep of each model in turn, one engine loaded at a time (so peak RSS is that model's), then the tables."""
-    s, engine = cfg.sweep, EngineConfig()  # the device and dtype every engine here runs with
+    s = cfg.sweep
+    engine = EngineConfig().resolved(checkpoint_dtype(models[0][1]))  # the device and dtype the engines here run with
     bandwidth = copy_bandwidth(cfg.copy_bytes, device=engine.device)  # bytes/s
     gpu = GPUS[cfg.gpu]
     runs = f", the fastest of {s.repeats} runs per batch size" if s.repeats > 1 else ""

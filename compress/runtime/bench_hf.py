@@ -28,8 +28,8 @@ def static_batches(hf, prompts: list[list[int]], params: list[SamplingParams], b
     for start in range(0, len(prompts), batch_size):
         idx = range(start, min(start + batch_size, len(prompts)))
         width = max(len(prompts[i]) for i in idx)
-        ids = torch.tensor([[0] * (width - len(prompts[i])) + prompts[i] for i in idx])  # [B, T] left-padded
-        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in idx])
+        ids = torch.tensor([[0] * (width - len(prompts[i])) + prompts[i] for i in idx], device=hf.device)  # [B, T] left-padded
+        mask = torch.tensor([[0] * (width - len(prompts[i])) + [1] * len(prompts[i]) for i in idx], device=hf.device)
         clock = StepClock()
         with torch.no_grad():
             hf.generate(ids, attention_mask=mask, max_new_tokens=max(params[i].max_tokens for i in idx), do_sample=False,
