@@ -23,9 +23,11 @@ from compress.runtime.bench import check_mixed, run_mixed
 from compress.runtime.config import EngineConfig
 from compress.runtime.engine import LLM
 from compress.runtime.footprint import Footprint, footprint, tensor_bytes
+from compress.runtime.ngram_drafter import NGRAM
 from compress.runtime.sweep import BatchResult, SweepConfig, sweep
 
 WORKLOADS = ("batches", "mixed", "all")
+PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 MiB = 2**20
 
 
@@ -59,6 +61,10 @@ class BenchConfig:
             raise UserError("--plot draws the batch sweep; use --workload batches or all")
         if self.plot is not None and not self.plot.parent.is_dir():
             raise UserError(f"--plot {self.plot}: the directory {self.plot.parent} does not exist")
+        if self.plot is not None and self.plot.suffix.lower() not in PLOT_SUFFIXES:
+            raise UserError(f"--plot {self.plot}: the file name must end in {', '.join(PLOT_SUFFIXES)}")
+        if self.kv_cache_memory is not None and self.kv_cache_memory < 1:
+            raise UserError(f"--kv-cache-memory must be a positive number of bytes, got {self.kv_cache_memory}")
         if self.temperature < 0:
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
         if not self.drafts and (self.temperature or self.draft_vocab is not None):
@@ -83,15 +89,30 @@ def run_benchmark(model: str, cfg: BenchConfig) -> list[list[dict]]:
         from compress.spec_bench import run_spec_bench, table
 
         engine = cfg.engine(resolve(model)) | dict(draft_vocab=cfg.draft_vocab)
+        check_context([resolve(model)], cfg)
+        for draft in cfg.drafts:  # every draft is checked before any engine loads
+            if draft != NGRAM:
+                resolve(draft)
         print(table(run_spec_bench(model, list(cfg.drafts), cfg.num_speculative_tokens, cfg.sweep, engine, cfg.temperature)))
         return []
-    names = [model] + ([cfg.compare] if cfg.compare else [])
+    names = [model] + ([cfg.compare] if cfg.compare is not None else [])
     models = list(zip(labels(names), [resolve(n) for n in names]))  # every MODEL is checked before any work
+    check_context([d for _, d in models], cfg)
     rows = run_sweep(models, cfg) if cfg.workload in ("batches", "all") else []
     if cfg.workload in ("mixed", "all"):
         engines = [(name, LLM(d, **cfg.engine(d))) for name, d in models]
         run_mixed(engines, models[0][1], cfg.requests, cfg.max_prompt, cfg.max_new, cfg.hf_baselines)
     return rows
+
+
+def check_context(model_dirs: list[Path], cfg: BenchConfig) -> None:
+    """Prompts longer than a model's context fail here, before any engine loads (one token is left to generate)."""
+    longest = max(([cfg.sweep.prompt_len] if cfg.workload != "mixed" else []) + ([cfg.max_prompt] if cfg.workload != "batches" else []))
+    for d in model_dirs:
+        context = ModelConfig.from_hf(read_config(d)).max_position_embeddings
+        if longest >= context:
+            raise UserError(f"prompts of up to {longest} tokens do not fit the context of {d} ({context} tokens, one left "
+                            f"to generate); pass a shorter --prompt-len or --max-prompt")
 
 
 def labels(names: list[str]) -> list[str]:

@@ -23,23 +23,60 @@ from compress.model import lazy
 C4 = "c4/c4_validation_2k.jsonl"
 
 
+KINDS = "give a .jsonl (one {\"text\": ...} object a line), .txt, .parquet or a saved datasets directory"
+
+
 def read_texts(path: str | None) -> list[str]:
     """Documents from .jsonl ("text" field), .txt (blank-line separated), or a local datasets dir/parquet."""
+    if path is not None and not path.strip():
+        raise UserError(f"the calibration data path is empty; {KINDS}")
     p = Path(path).expanduser() if path else data_file(C4)
     if not p.exists():
-        raise UserError(f"calibration data {p} not found; give a .jsonl, .txt, .parquet or a saved datasets directory")
-    if p.suffix == ".jsonl":
-        return [json.loads(line)["text"] for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    if p.suffix == ".txt":
-        return [t for t in p.read_text(encoding="utf-8").split("\n\n") if t.strip()]
+        raise UserError(f"calibration data {p} not found; {KINDS}")
+    if p.suffix in (".jsonl", ".txt"):
+        try:
+            text = p.read_text(encoding="utf-8")
+        except (UnicodeDecodeError, IsADirectoryError) as e:
+            raise UserError(f"calibration data {p} is not a UTF-8 text file ({e}); {KINDS}") from None
+        return jsonl_texts(p, text) if p.suffix == ".jsonl" else [t for t in text.split("\n\n") if t.strip()]
+    if p.is_file() and p.suffix != ".parquet":
+        raise UserError(f"calibration data {p}: unknown file type '{p.suffix}'; {KINDS}")
     import datasets
 
-    ds = datasets.load_dataset("parquet", data_files=str(p), split="train") if p.suffix == ".parquet" else datasets.load_from_disk(str(p))
+    try:
+        ds = datasets.load_dataset("parquet", data_files=str(p), split="train") if p.suffix == ".parquet" else datasets.load_from_disk(str(p))
+    except FileNotFoundError as e:
+        raise UserError(f"calibration data {p} is not a saved datasets directory ({e}); {KINDS}") from None
     if isinstance(ds, datasets.DatasetDict):
         ds = ds[next(iter(ds))]
     if "text" not in ds.column_names:
         raise UserError(f"calibration dataset {p} has no 'text' column (columns: {', '.join(ds.column_names)})")
-    return list(ds["text"])
+    return check_strings(p, list(ds["text"]))
+
+
+def jsonl_texts(p: Path, text: str) -> list[str]:
+    """The "text" of every non-blank line; a line that is not a JSON object with a string "text" is an error naming it."""
+    texts = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise UserError(f"{p}:{n}: not JSON ({e.msg}); {KINDS}") from None
+        if not isinstance(record, dict) or "text" not in record:
+            raise UserError(f"{p}:{n}: no \"text\" field; each line must be a JSON object like {{\"text\": \"...\"}}")
+        if not isinstance(record["text"], str):
+            raise UserError(f"{p}:{n}: \"text\" is {type(record['text']).__name__}, not a string")
+        texts.append(record["text"])
+    return texts
+
+
+def check_strings(p: Path, texts: list) -> list[str]:
+    bad = next((i for i, t in enumerate(texts) if not isinstance(t, str)), None)
+    if bad is not None:
+        raise UserError(f"{p}: the 'text' of row {bad} is {type(texts[bad]).__name__}, not a string")
+    return texts
 
 
 def calibration_tokens(tokenizer, cfg) -> torch.Tensor:

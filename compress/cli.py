@@ -9,14 +9,33 @@ if os.environ.get("COMPRESS_ALLOW_DOWNLOAD", "").lower() not in ("1", "true", "y
 
 import click  # noqa: E402
 
+from compress import __version__  # noqa: E402
 from compress.errors import UserError  # noqa: E402
 from compress.malloc import return_freed_memory  # noqa: E402
 from compress.quant.config import OUTLIER_THRESHOLD, SMOOTH_ALPHA  # noqa: E402
 
 
-@click.group()
-def cli():
+EXAMPLES = {  # one per verb: `compress` with no arguments lists them
+    "quantize": "compress quantize smollm2-135m --method awq --bits 4 -o out/awq-int4",
+    "prune-distill": "compress prune-distill smollm2-135m --target-params 95M -o out/minitron-95m",
+    "eval": "compress eval smollm2-135m out/awq-int4 --tasks wikitext,mmlu --limit 10",
+    "run": "compress run recipes/awq-int4.yaml",
+    "info": "compress info smollm2-135m --gpu h100",
+    "generate": 'compress generate smollm2-135m "The capital of France is" --max-tokens 32',
+    "bench": "compress bench out/awq-int4 --batch-sizes 1,8,32",
+    "serve": "compress serve out/awq-int4 --port 8000",
+}
+
+
+@click.group(invoke_without_command=True)
+@click.version_option(__version__, "--version", prog_name="compress", message="%(prog)s %(version)s")
+@click.pass_context
+def cli(ctx):
     """LLM compression toolkit: quantize, evaluate and inspect Llama-family models."""
+    if ctx.invoked_subcommand is None:
+        click.echo(f"compress {__version__}: {ctx.command.help}\n\nverbs (compress VERB --help lists the options):")
+        for name, command in ctx.command.commands.items():
+            click.echo(f"  {name:<14} {command.get_short_help_str(limit=76)}\n  {'':<14} e.g. {EXAMPLES.get(name, '')}")
 
 
 @cli.command()
@@ -117,7 +136,7 @@ def eval_(models, tasks, backend, num_fewshot, limit, batch_size, seq_len, limit
     from compress.evaluate import EvalConfig, run_eval
 
     cfg = EvalConfig([t.strip() for t in tasks.split(",")], backend, num_fewshot, limit, seq_len, limit_tokens,
-                     batch_size, Path(report) if report else None)
+                     batch_size, None if report is None else Path(report))
     run_eval(list(models), cfg)
 
 
@@ -135,7 +154,7 @@ def run(recipe, model, output, sets, start):
     from compress.run import run_recipe
 
     loaded = load_recipe(Path(recipe), model, sets)
-    run_recipe(loaded, Path(output) if output else Path("out") / Path(recipe).stem, start)
+    run_recipe(loaded, Path("out") / Path(recipe).stem if output is None else output, start)
 
 
 @cli.command()
@@ -252,7 +271,7 @@ def _terminate(signum, frame):
 
 
 def run_command(command: click.Command) -> None:
-    """Run a click command as a program: a UserError is one line and exit 2, an interrupt exit 130."""
+    """Run a click command as a program: a UserError or a usage error is one line and exit 2, an interrupt exit 130."""
     signal.signal(signal.SIGTERM, _terminate)
     return_freed_memory()
     try:
@@ -264,7 +283,9 @@ def run_command(command: click.Command) -> None:
         click.echo("interrupted; no output was written", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        e.show()
+        ctx = getattr(e, "ctx", None)
+        hint = f" (see '{ctx.command_path} --help')" if isinstance(e, click.UsageError) and ctx is not None else ""
+        click.echo(f"error: {e.format_message()}{hint}", err=True)
         sys.exit(e.exit_code)
 
 

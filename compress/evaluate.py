@@ -35,6 +35,18 @@ class EvalConfig:
             raise UserError(f"--limit must be at least 1, got {self.limit}")
         if self.batch_size < 1:
             raise UserError(f"--batch-size must be at least 1, got {self.batch_size}")
+        if self.report is not None:
+            self.check_report()
+
+    def check_report(self) -> None:
+        """--report replaces an earlier report, never a directory that holds something else."""
+        from compress.outdir import check_writable
+
+        if Path(self.report).name in ("", ".", ".."):
+            raise UserError(f"--report '{self.report}' is not a directory name; give e.g. --report out/report")
+        check_writable(self.report, "--report")
+        if self.report.is_dir() and any(self.report.iterdir()) and not (self.report / "report.json").is_file():
+            raise UserError(f"--report {self.report} is a directory that holds other files, not an earlier report; choose another")
 
     @property
     def other_tasks(self) -> list[str]:

@@ -1,12 +1,15 @@
 """`compress info`: print the numbers of compress.roofline for one model."""
 
 from compress import models
+from compress.errors import UserError
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
 from compress.roofline import GPUS, formats, decode_step, kv_bytes_per_token, param_counts, weight_bytes
 
 
 def print_info(model: str, gpu: str, batch: int, context: int) -> None:
+    if batch < 1 or context < 1:
+        raise UserError(f"--batch and --context must be at least 1, got --batch {batch} --context {context}")
     raw = read_config(models.resolve(model))
     cfg = ModelConfig.from_hf(raw)
     g = GPUS[gpu]

@@ -55,6 +55,9 @@ def converted(gguf: Path, name: str) -> Path:
 
 def resolve(model: str) -> Path:
     """MODEL -> a local HF directory with config.json and safetensors weights."""
+    if not model.strip():
+        raise UserError(f"the model name is empty: give a local HF model directory, a .gguf file, a Hugging Face id "
+                        f"or the built-in name '{DEFAULT_MODEL}'")
     if model in BUILTIN:
         return converted(builtin_gguf(model), model)
     path = Path(model).expanduser()
@@ -115,9 +118,13 @@ def checkpoint_dtype(model_dir: Path) -> torch.dtype:
     return by_name[name] if name in by_name and by_name[name].is_floating_point else Checkpoint(model_dir).dtype()
 
 
+def check_tokenizer(model_dir: Path) -> None:
+    if not any((Path(model_dir) / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise UserError(f"{model_dir} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json); copy them from the source model")
+
+
 def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 
-    if not any((Path(model_dir) / f).is_file() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise UserError(f"{model_dir} has no tokenizer files (tokenizer.json, tokenizer.model or vocab.json); copy them from the source model")
+    check_tokenizer(model_dir)
     return AutoTokenizer.from_pretrained(str(model_dir))

@@ -76,8 +76,8 @@ def distill_rows(tokenizer, dcfg: DistillConfig) -> tuple[torch.Tensor, torch.Te
 
 def run_prune_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None, output: str, force: bool = False,
                       resume: bool = False) -> Path:
-    out = Path(output)
-    outdir.check_target(out, force)
+    outdir.check_target(output, force)  # an empty or unwritable -o fails before any work
+    out = Path(output).expanduser()
     src = models.resolve(model)
     if (read_manifest(src) or {}).get("recipe", {}).get("quantize"):
         raise UserError(f"{model} is quantized; prune the unquantized checkpoint, then quantize the result")

@@ -57,7 +57,7 @@ def check_memory(decoder, cfg: QuantConfig, model: str) -> None:
 
 
 def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False, verbose: bool = False) -> Path:
-    outdir.check_target(Path(output), force)  # fail before the slow part
+    outdir.check_target(output, force)  # fail before the slow part (an empty or unwritable -o too)
     src = models.resolve(model)
     if models.is_quantized(src):
         raise UserError(f"{model} is already quantized; quantize its unquantized source checkpoint instead")

@@ -104,7 +104,10 @@ def load_recipe(path: Path, model: str | None = None, sets: tuple[str, ...] = ()
 
 def read_yaml(path: Path) -> tuple[dict[str, Entry], dict[str, tuple[str, dict[str, Entry]]]]:
     """Top-level scalars, and each stage's entries in file order, every value with its line."""
-    loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
+    try:
+        loader = yaml.SafeLoader(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise UserError(f"recipe {path} is not a UTF-8 text file ({e.reason} at byte {e.start}); give a YAML recipe") from None
     try:
         root = loader.get_single_node()
         if not isinstance(root, yaml.MappingNode):

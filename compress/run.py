@@ -11,7 +11,7 @@ import json
 import time
 from pathlib import Path
 
-from compress import models
+from compress import models, outdir
 from compress.errors import UserError
 from compress.manifest import MANIFEST, read_manifest, save_manifest, write_manifest
 from compress.recipe import MODEL, Recipe, Stage
@@ -107,8 +107,10 @@ def run_stage(stage: Stage, sources: dict[str, str], paths: dict[str, Path], des
         print(f"report written to {dest}/report.md")
 
 
-def run_recipe(recipe: Recipe, out: Path, start: str | None = None) -> None:
+def run_recipe(recipe: Recipe, out: str | Path, start: str | None = None) -> None:
     """Run every stage that is not up to date (all from ``start`` on); the last model is the one to serve."""
+    outdir.check_writable(out)  # an empty or unwritable -o fails before any work
+    out = Path(out).expanduser()
     if start is not None:
         recipe.stage(start)  # an unknown name fails before any work
     try:

@@ -29,11 +29,26 @@ def check_tasks(names: list[str]) -> None:
         return
     from lm_eval.tasks import TaskManager
 
-    known = set(TaskManager().all_tasks)
+    manager = TaskManager()
+    known = set(manager.all_tasks)
     unknown = [n for n in names if n not in known]
     if unknown:
         raise UserError(f"unknown task {', '.join(unknown)}: use wikitext, mmlu or an lm-eval task name "
                         f"(`lm-eval ls tasks`) whose data is available offline")
+    check_offline_data(names, manager)
+
+
+def check_offline_data(names: list[str], manager) -> None:
+    """Load each task's data now (from the datasets cache): a task whose data is not on this machine fails in one line."""
+    from lm_eval.tasks import get_task_dict
+
+    for name in names:
+        try:
+            get_task_dict([name], manager)
+        except (ConnectionError, FileNotFoundError) as e:  # datasets' answer when the hub cannot be reached (offline)
+            raise UserError(f"the data of task {name} is not available offline ({str(e).splitlines()[0]}); run once with "
+                            f"network access and COMPRESS_ALLOW_DOWNLOAD=1 (HF_DATASETS_OFFLINE unset or 0) to download it "
+                            f"into the datasets cache, or pre-download it there with datasets.load_dataset") from None
 
 
 def run_mmlu(lm, num_fewshot: int, limit: int | None, subjects: list[str] | None = None) -> dict:

@@ -6,6 +6,7 @@ from compress.errors import UserError
 from compress.model.arch import ARCHS, Arch
 
 ROPE_TYPES = ("default", "linear", "llama3")
+REQUIRED_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 
 
 @dataclass
@@ -51,6 +52,9 @@ class ModelConfig:
         d.pop("quantization_config", None)  # the quantized loaders read it themselves
         if "model_type" not in d:
             raise UserError("config.json has no model_type; is this a Hugging Face causal LM checkpoint?")
+        missing = [k for k in REQUIRED_KEYS if k not in d]
+        if missing:
+            raise UserError(f"config.json of this {d['model_type']} model lacks {', '.join(missing)}; re-download or fix the checkpoint's config.json")
         heads = d.pop("num_attention_heads")
         rope = d.pop("rope_parameters", None) or {}
         scaling = d.pop("rope_scaling", None) or {k: v for k, v in rope.items() if k != "rope_theta"}

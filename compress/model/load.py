@@ -23,9 +23,12 @@ def read_config(model_dir: Path) -> dict:
     if not path.is_file():
         raise UserError(f"{model_dir} has no config.json; point MODEL at a Hugging Face model directory")
     try:
-        return json.loads(path.read_text())
+        cfg = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise UserError(f"{path} is not valid JSON ({e}); re-download or fix the checkpoint's config.json") from e
+    if not isinstance(cfg, dict):
+        raise UserError(f"{path} holds a JSON {type(cfg).__name__}, not an object; re-download or fix the checkpoint's config.json")
+    return cfg
 
 
 def build(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Decoder:

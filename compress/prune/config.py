@@ -45,6 +45,9 @@ class PruneConfig:
                             "--num-heads, --num-kv-heads, --num-layers), not both and not neither")
         if self.target_params is not None and self.target_params <= 0:
             raise UserError(f"--target-params must be positive, got {self.target_params}")
+        for name in ("hidden_size", "intermediate_size", "num_heads", "num_kv_heads", "num_layers"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise UserError(f"--{name.replace('_', '-')} must be at least 1, got {getattr(self, name)}")
         if self.calib_samples < 1 or self.calib_seq_len < 2:
             raise UserError("--calib-samples must be >= 1 and --calib-seq-len >= 2")
 

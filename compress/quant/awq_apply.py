@@ -10,11 +10,11 @@ from tqdm import tqdm
 from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_inputs, run_block
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
-from compress.quant.apply import quantize_block
 from compress.quant.awq import ScaleResult, group_hessians, search_qparams, search_scale
 from compress.quant.config import QuantConfig
 from compress.quant.gptq import gptq_codes
 from compress.quant.primitives import IntSpec, qparams
+from compress.quant.swap import quantize_block
 
 NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")  # their error is shaped by softmax, not the output MSE
 

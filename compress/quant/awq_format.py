@@ -14,14 +14,14 @@ import torch
 
 from compress.errors import UserError
 from compress.model import lazy, load
+from compress.model.arch import LAYER_LINEARS
 from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
 from compress.quant import packing
-from compress.model.arch import LAYER_LINEARS
-from compress.quant.apply import quantized_linears, swap_linears
 from compress.quant.linear import PackedLinear
 from compress.quant.primitives import IntSpec
+from compress.quant.swap import quantized_linears, swap_linears
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 SHIFTS = torch.arange(8) * 4

@@ -16,11 +16,11 @@ from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.shards import ShardWriter
 from compress.model.decoder import Decoder
-from compress.quant.apply import Spec, swap_linears
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
 from compress.quant.linear import Fp8Linear, Int8OutlierLinear, PackedLinear
 from compress.quant.primitives import IntSpec
+from compress.quant.swap import Spec, swap_linears
 
 PACKED, FLOAT = "pack-quantized", "float-quantized"
 INT8_METHOD = "compress-int8-outlier"

@@ -14,12 +14,12 @@ from tqdm import tqdm
 from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_absmax, run_block
 from compress.model.arch import LAYER_LINEARS
 from compress.model.decoder import Decoder, RMSNorm
-from compress.quant.apply import each_block, swap_linears
 from compress.quant.awq_apply import fold_scales
 from compress.quant.fp8 import Fp8Spec, input_scale
 from compress.quant.int8 import Int8Spec, outlier_dims
 from compress.quant.linear import Fp8Linear, Int8OutlierLinear
 from compress.quant.smooth import smooth_scales
+from compress.quant.swap import each_block, swap_linears
 
 MakeLinear = Callable[[str, nn.Linear, torch.Tensor], nn.Module]  # (name, linear, max |x| [I]) -> module
 Transform = Callable[[nn.Module, dict[str, torch.Tensor]], None]  # (block, max |x| by name): changes both in place

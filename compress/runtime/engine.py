@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from compress.errors import UserError
-from compress.models import checkpoint_dtype, load_model, load_tokenizer, resolve
+from compress.models import check_tokenizer, checkpoint_dtype, load_model, load_tokenizer, resolve
 from compress.runtime.block_manager import BlockManager
 from compress.runtime.config import EngineConfig
 from compress.runtime.detokenizer import Detokenizer
@@ -43,6 +43,12 @@ class LLM:
         if self.config.draft_vocab is not None and (draft is None or str(draft) == NGRAM):
             raise UserError("draft_vocab (--draft-vocab) applies to a draft model: give draft=MODEL (--draft MODEL)")
         model_dir = resolve(str(model))
+        if draft is not None and str(draft) != NGRAM:  # a bad draft fails before the target loads
+            try:
+                draft = resolve(str(draft))
+                check_tokenizer(draft)
+            except UserError as e:
+                raise UserError(f"draft: {e}") from None
         self.config = self.config.resolved(checkpoint_dtype(model_dir))
         self.tokenizer = load_tokenizer(model_dir)
         decoder = load_model(model_dir, self.config.torch_dtype, self.config.device)

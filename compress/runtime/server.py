@@ -5,6 +5,7 @@ import asyncio
 import copy
 import hmac
 import json
+import socket
 import sys
 
 from fastapi import FastAPI, Request
@@ -224,6 +225,36 @@ def build_app(server: Server) -> FastAPI:
     return app
 
 
+def check_listen(host: str, port: int) -> None:
+    """Fail in one line, before the model loads, unless this machine can listen on host:port now."""
+    if not 0 <= port <= 65535:
+        raise UserError(f"--port must be in 0..65535, got {port}")
+    if not host.strip():
+        raise UserError("--host is empty; give an address such as 127.0.0.1 (this machine) or 0.0.0.0 (the network)")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except socket.gaierror as e:
+        raise UserError(f"--host {host} is not an address or name this machine can listen on ({e.strerror})") from None
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind(address)
+        except OSError as e:
+            raise UserError(f"cannot listen on {host}:{port} ({e.strerror}); choose another --port or --host") from None
+
+
+def check_options(host: str, port: int, served_model_name: str | None, api_key: str | None, max_waiting: int,
+                  max_body_bytes: int) -> None:
+    """The server's own options, checked before the model loads."""
+    if served_model_name is not None and not served_model_name.strip():
+        raise UserError("--served-model-name is empty; give a name or leave it out to use MODEL")
+    if api_key is not None and not api_key.strip():
+        raise UserError("--api-key is empty; give a key, or leave it (and COMPRESS_API_KEY) out to serve without one")
+    if max_waiting < 1 or max_body_bytes < 1:
+        raise UserError(f"--max-waiting and --max-body-bytes must be at least 1, got {max_waiting} and {max_body_bytes}")
+    check_listen(host, port)
+
+
 def serve(model: str, host: str, port: int, served_model_name: str | None, api_key: str | None, max_waiting: int,
           max_body_bytes: int, **engine_config) -> None:
     """Load MODEL into an engine and serve it until interrupted."""
@@ -231,6 +262,7 @@ def serve(model: str, host: str, port: int, served_model_name: str | None, api_k
 
     from compress.runtime.engine import LLM
 
+    check_options(host, port, served_model_name, api_key, max_waiting, max_body_bytes)
     llm = LLM(model, **engine_config)
     engine = AsyncEngine(llm, max_waiting)
     name = served_model_name or model
