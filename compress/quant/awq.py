@@ -11,7 +11,10 @@ bottom of the range independently to max * (1 - i/grid) and min * (1 - j/grid) f
 (symmetric: one shared shrink), refit the scale of the rounded codes by least squares, and keep the
 candidate that minimizes the error of the group's partial dot products with the calibration
 inputs, e^T H e with H = E[x x^T] over the group's input columns. With H built once, the search's
-cost does not grow with the number of input tokens, so it uses all the recorded ones.
+cost does not grow with the number of input tokens, so it uses all the recorded ones. It grows with
+the candidates instead (two g x g matmuls per candidate and weight), yet every pair is tried: a
+coarse-to-fine search (41 grids instead of 101, within 1% of this one's e^T H e) cost SmolLM2 1.0
+perplexity point at int3 and 0.13 at int4 (WikiText-2, 20 windows).
 
 The module swap and the folding of scales into the model live in ``awq_apply.py``.
 """
@@ -23,7 +26,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-from compress.quant.primitives import IntSpec, grouped, pseudo_quantize, qparams, quantize, range_qparams
+from compress.quant.primitives import IntSpec, grouped, pseudo_quantize, range_qparams
 
 
 @dataclass
@@ -69,54 +72,98 @@ def group_hessians(x: torch.Tensor, group_size: int) -> torch.Tensor:
     return xs.transpose(1, 2) @ xs / xs.shape[1]
 
 
-def weighted_error(e: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """[o, G]: e^T H e per group, for weight errors e [o, G, g] and group Hessians h [G, g, g]."""
-    eh = torch.bmm(e.transpose(0, 1), h).transpose(0, 1)  # [o, G, g]
-    return (eh * e).sum(-1)
+def weighted_error(e: torch.Tensor, h: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """[G, o]: e^T H e per group, for weight errors e [G, o, g] and group Hessians h [G, g, g]; ``out`` [G, o, g]: scratch."""
+    he = torch.bmm(e, h, out=out)  # [G, o, g]
+    return he.mul_(e).sum(-1)
 
 
-def refit_scale(wg: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, h: torch.Tensor) -> torch.Tensor:
-    """[o, G]: per group, the s minimizing (codes s - w)^T H (codes s - w) for fixed codes = q - z [o, G, g],
-    i.e. s = codes^T H w / codes^T H codes; ``scale`` where that is not a positive number."""
-    ch = torch.bmm(codes.transpose(0, 1), h).transpose(0, 1)  # [o, G, g]
-    num, den = (ch * wg).sum(-1), (ch * codes).sum(-1)
+def refit_scale(wg: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, h: torch.Tensor,
+                scratch: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)) -> torch.Tensor:
+    """[G, o]: per group, the s minimizing (codes s - w)^T H (codes s - w) for fixed codes = q - z [G, o, g],
+    i.e. s = codes^T H w / codes^T H codes; ``scale`` [G, o] where that is not a positive number."""
+    hc = torch.bmm(codes, h, out=scratch[0])  # [G, o, g]
+    den = torch.mul(hc, codes, out=scratch[1]).sum(-1)
+    num = hc.mul_(wg).sum(-1)
     fit = num / den.clamp(min=1e-30)
     return torch.where((den > 0) & (fit > 0), fit, scale)
 
 
-def centered_codes(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec) -> torch.Tensor:
-    """[o, G, g] float q - z: the rounded weights w [o, I] in units of their group's scale."""
-    q = grouped(quantize(w, scale, zero, spec), spec.group_size).float()
-    return q - zero[..., None].float()
+def code_bounds(zero: torch.Tensor, spec: IntSpec) -> tuple[torch.Tensor, torch.Tensor]:
+    """(-z, qmax - z) [..., 1] for zero points z [...] (fp32 integers): the range of q - z."""
+    return -zero[..., None], spec.qmax - zero[..., None]
 
 
-def grid_error(w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec, h: torch.Tensor) -> torch.Tensor:
-    """[o, G]: e^T H e of rounding w [o, I] (fp32) to the grid (scale, zero) [o, G]."""
-    return weighted_error(centered_codes(w, scale, zero, spec) * scale[..., None] - grouped(w, spec.group_size), h)
+def round_to_grid(wg: torch.Tensor, scale: torch.Tensor, bounds: tuple[torch.Tensor, torch.Tensor],
+                  out: torch.Tensor) -> torch.Tensor:
+    """``out`` [G, o, g] <- q - z: the weights wg [G, o, g] rounded to the grids of scale [G, o] (fp32) and zero
+    point z, in units of scale; ``bounds`` = ``code_bounds(z)``."""
+    torch.div(wg, scale[..., None], out=out).round_()
+    return torch.minimum(torch.maximum(out, bounds[0], out=out), bounds[1], out=out)
+
+
+def grid_error(wg: torch.Tensor, scale: torch.Tensor, bounds: tuple[torch.Tensor, torch.Tensor], h: torch.Tensor,
+               scratch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """[G, o]: e^T H e of rounding wg [G, o, g] to the grids (scale [G, o], ``code_bounds``); scratch: two [G, o, g]."""
+    e = round_to_grid(wg, scale, bounds, scratch[0]).mul_(scale[..., None]).sub_(wg)  # [G, o, g]
+    return weighted_error(e, h, scratch[1])
+
+
+def shrink_pairs(grid: int, max_shrink: float, symmetric: bool) -> torch.Tensor:
+    """[P, 2] (top, bottom) range factors 1 - i / grid for i < max_shrink * grid, rounded once to fp32: every pair,
+    or (a, a) for symmetric grids."""
+    factors = (1 - torch.arange(max(1, int(max_shrink * grid)), dtype=torch.float64) / grid).float()
+    return torch.stack([factors, factors], 1) if symmetric else torch.cartesian_prod(factors, factors)
+
+
+def try_shrinks(wg: torch.Tensor, h: torch.Tensor, spec: IntSpec, factors: torch.Tensor,
+                scratch: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Refit scales, zero points (fp32 integers) and their e^T H e, each [P, G, o], for the rows wg [G, o, g] on the
+    grids spanning [min * bottom, max * top] of each group; factors [P, 2] are (top, bottom)."""
+    codes, hc, prod = scratch  # [G, o, g]
+    top, bottom = factors[:, 0, None, None], factors[:, 1, None, None]  # [P, 1, 1]
+    scales, zeros = range_qparams(wg.amax(-1) * top, wg.amin(-1) * bottom, spec)  # [P, G, o]
+    zeros, errs = zeros.float(), torch.empty_like(scales)
+    lows, highs = code_bounds(zeros, spec)  # [P, G, o, 1]
+    for p, s in enumerate(scales):
+        bounds = lows[p], highs[p]
+        s.copy_(refit_scale(wg, round_to_grid(wg, s, bounds, codes), s, h, (hc, prod)))
+        errs[p] = grid_error(wg, s, bounds, h, (codes, hc))  # re-rounded to the refit scale: what is stored
+    return scales, zeros, errs
+
+
+def search_tile(wg: torch.Tensor, h: torch.Tensor, spec: IntSpec, factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Best (scale, zero) [G, o] for the rows wg [G, o, g]: the first of the least e^T H e among plain rounding and
+    the shrinks ``factors`` [P, 2]."""
+    scratch = tuple(torch.empty_like(wg) for _ in range(3))  # [G, o, g]
+    s0, z0 = range_qparams(wg.amax(-1), wg.amin(-1), spec)  # [G, o]: plain rounding, no refit
+    z0 = z0.float()
+    e0 = grid_error(wg, s0, code_bounds(z0, spec), h, scratch[:2])
+    scales, zeros, errs = try_shrinks(wg, h, spec, factors, scratch)  # [P, G, o]
+    best = torch.cat([e0[None], errs]).argmin(0, keepdim=True)  # [1, G, o]
+    return torch.cat([s0[None], scales]).gather(0, best)[0], torch.cat([z0[None], zeros]).gather(0, best)[0]
+
+
+def tile_weights(device: torch.device) -> int:
+    """Weights per search tile: on CPU about what a core's L2 cache holds next to the scratch space; elsewhere
+    enough to keep the kernels busy, with the memory still bounded."""
+    return 2**17 if device.type == "cpu" else 2**24
 
 
 @torch.no_grad()
-def search_qparams(w: torch.Tensor, h: torch.Tensor, spec: IntSpec, grid: int = 20, max_shrink: float = 0.5,
-                   oc_batch: int = 256) -> tuple[torch.Tensor, torch.Tensor]:
-    """Scales and zero points [O, G] for w [O, I] given its inputs' group Hessians h [G, g, g]
+def search_qparams(w: torch.Tensor, h: torch.Tensor, spec: IntSpec, grid: int = 20,
+                   max_shrink: float = 0.5) -> tuple[torch.Tensor, torch.Tensor]:
+    """Scales and zero points [O, G] (fp32, int32) for w [O, I] given its inputs' group Hessians h [G, g, g]
     (``group_hessians``). Per group, e^T H e is never above plain rounding's, for the fp32 scale
     (the stored one is rounded to the weight's dtype)."""
-    h = h.float()
-    shrinks = [1 - i / grid for i in range(max(1, int(max_shrink * grid)))]
-    pairs = [(a, a) for a in shrinks] if spec.symmetric else [(a, b) for a in shrinks for b in shrinks]
-    scales, zeros = [], []
-    for wb in w.float().split(oc_batch):  # output channels in batches bound the memory
-        wg = grouped(wb, spec.group_size)  # [o, G, g]
-        hi, lo = wg.amax(-1), wg.amin(-1)
-        best_s, best_z = qparams(wb, spec)
-        best_err = grid_error(wb, best_s, best_z, spec, h)
-        for a, b in pairs:
-            s, z = range_qparams(hi * a, lo * b, spec)
-            s = refit_scale(wg, centered_codes(wb, s, z, spec), s, h)
-            err = grid_error(wb, s, z, spec, h)  # re-rounded to the refit scale: what is stored
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best_s, best_z = torch.where(better, s, best_s), torch.where(better, z, best_z)
-        scales.append(best_s)
-        zeros.append(best_z)
-    return torch.cat(scales), torch.cat(zeros)
+    h, wg = h.float(), grouped(w.float(), spec.group_size).transpose(0, 1)  # [G, g, g], [G, O, g]
+    factors = shrink_pairs(grid, max_shrink, spec.symmetric).to(w.device)  # [P, 2]
+    n_groups, n_rows, g = wg.shape
+    rows = min(n_rows, max(1, tile_weights(w.device) // g))  # tiles of whole groups over some output channels
+    groups = max(1, tile_weights(w.device) // (rows * g))
+    scale, zero = torch.empty(n_groups, n_rows, device=w.device), torch.empty(n_groups, n_rows, device=w.device)
+    for g0 in range(0, n_groups, groups):
+        for r0 in range(0, n_rows, rows):
+            tile = slice(g0, g0 + groups), slice(r0, r0 + rows)
+            scale[tile], zero[tile] = search_tile(wg[tile].contiguous(), h[tile[0]], spec, factors)
+    return scale.T.contiguous(), zero.T.to(torch.int32).contiguous()  # [O, G]

@@ -2,10 +2,17 @@
 
 Rounding each weight to its nearest grid point ignores that the inputs are correlated: the error of
 one column can be partly cancelled by nudging the columns not yet rounded. GPTQ rounds the columns
-of W [O, I] one at a time and spreads each column's error over the remaining ones through the
-inverse of H = E[x x^T] (the inputs' second moments), which minimizes (W - Q) H (W - Q)^T column by
-column. Here every column's grid (scale and zero point per group) is fixed before rounding starts
-(AWQ's search chose it), so the result is stored in exactly the format that nearest rounding gives.
+of W [O, I] one at a time and moves the columns after each one so as to minimize the output error
+(W - Q) H (W - Q)^T, H = E[x x^T] (the inputs' second moments). Here every column's grid (scale and
+zero point per group) is fixed before rounding starts (AWQ's search chose it), so the result is
+stored in exactly the format that nearest rounding gives.
+
+The form used here needs one Cholesky factorization and no inverse. Write H = L^T L with L lower
+triangular; then for the errors d = w - q of one row, d H d^T = sum_j (sum_{i<=j} L_ji d_i)^2, and
+term j vanishes when column j is at its target w_j + sum_{i<j} d_i L_ji / L_jj. GPTQ rounds each
+column's target in turn: the reference implementation's updates through the upper Cholesky factor
+of H^-1 (which is L^-T), summed in another order. Columns go in blocks: the targets of a block get
+the errors of all earlier blocks in one matmul, then the columns of the block feed each other.
 """
 
 import torch
@@ -13,17 +20,39 @@ import torch
 from compress.quant.primitives import IntSpec
 
 DAMP = 0.01  # of H's mean diagonal, added to the diagonal: keeps H invertible for few or degenerate inputs
-BLOCK = 128  # columns updated together; the result is the same for any block, only the speed differs
+BLOCK = 32  # columns rounded one by one between two matmuls; the result is the same for any block, only the speed differs
 
 
-def inverse_factor(h: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
-    """Upper Cholesky factor U [I, I] of (H + damp)^-1: row i past the diagonal, over U[i, i], is how column
-    i's rounding error moves the columns after it."""
-    h = h.float().clone()
+def damped(h: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
+    """H [I, I] as a fp64 copy, with damp * its mean diagonal added to the diagonal."""
+    h = h.to(torch.float64, copy=True)
     dead = torch.diagonal(h) == 0  # inputs that are always zero: their weights do not matter (and H = 0 has no inverse)
     h[dead, dead] = 1
     h.diagonal().add_(damp * torch.diagonal(h).mean())
-    return torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    return h
+
+
+def cholesky_upper(a: torch.Tensor, block: int = 256) -> torch.Tensor:
+    """Upper triangular U [n, n] with a = U^T U for a positive definite a [n, n], by blocks of rows: the same factor
+    as torch.linalg.cholesky, without its pass that zeroes the other triangle (as slow as the factorization on CPU)."""
+    u = torch.zeros_like(a)
+    for k0 in range(0, a.shape[0], block):
+        k1 = k0 + block
+        rows = torch.addmm(a[k0:k1, k0:], u[:k0, k0:k1].T, u[:k0, k0:], alpha=-1)  # [b, n - k0]: less the rows above
+        u[k0:k1, k0:k1] = torch.linalg.cholesky(rows[:, :block], upper=True)
+        u[k0:k1, k1:] = torch.linalg.solve_triangular(u[k0:k1, k0:k1].mT, rows[:, block:], upper=False)
+    return u
+
+
+def feedback(h: torch.Tensor, order: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
+    """[I, I] for the columns taken in ``order`` [I]: lower triangular, unit diagonal, row j holds how much of each
+    earlier column's rounding error column j's target takes on, L_ji / L_jj for the lower triangular L with
+    (damped, reordered) H = L^T L. Factored in fp64: in fp32, the factor of an ill-conditioned H changes more codes
+    than the rest of the computation does."""
+    back = order.flip(0)  # [I]: reversed, where the usual Cholesky factor gives L
+    r = cholesky_upper(damped(h[back[:, None], back], damp))  # [I, I]: J H J = R^T R, so L = J R J
+    r /= torch.diagonal(r).clone()[:, None]
+    return r.float().flip(0, 1)
 
 
 @torch.no_grad()
@@ -35,31 +64,32 @@ def gptq_codes(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, zero: torc
     columns are left to absorb their error (GPTQ's "desc_act"); the grids stay per group of the original
     column order ("static groups"), so the stored format does not change.
     """
-    # A scale that underflowed to 0 (fp16) dequantizes to 0 whatever the code; the clamp only avoids 0/0.
-    s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).repeat_interleave(spec.group_size, 1)  # [O, I]
-    z = zero.float().repeat_interleave(spec.group_size, 1)  # [O, I]
     if act_order:
         perm = torch.argsort(torch.diagonal(h), descending=True, stable=True)  # [I]
     else:
         perm = torch.arange(w.shape[1], device=w.device)  # [I]
-    codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
-    codes[:, perm] = _codes(w.float()[:, perm], h[perm][:, perm], s[:, perm], z[:, perm], spec, damp, block)
-    return codes
+    # W's columns become rows, in rounding order, so that each one is contiguous.
+    # A scale that underflowed to 0 (fp16) dequantizes to 0 whatever the code; the clamp only avoids 0/0.
+    s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).T.contiguous()  # [G, O]
+    grids = (perm // spec.group_size).tolist()  # [I]: each column's group, in rounding order
+    q = _codes(w.float().T.contiguous()[perm], feedback(h, perm, damp), s, zero.float().T.contiguous(), grids, spec, block)
+    codes = torch.empty(w.shape[::-1], dtype=torch.uint8, device=w.device)  # [I, O]
+    codes[perm] = q.to(torch.uint8)
+    return codes.T.contiguous()
 
 
-def _codes(w: torch.Tensor, h: torch.Tensor, s: torch.Tensor, z: torch.Tensor, spec: IntSpec, damp: float, block: int) -> torch.Tensor:
-    """GPTQ over the columns in the order given; w [O, I] is updated in place, s, z [O, I] per column."""
-    u = inverse_factor(h, damp)  # [I, I]
-    codes = torch.empty(w.shape, dtype=torch.uint8, device=w.device)
-    n = w.shape[1]
+def _codes(wt: torch.Tensor, fb: torch.Tensor, s: torch.Tensor, z: torch.Tensor, grids: list[int], spec: IntSpec,
+           block: int) -> torch.Tensor:
+    """Codes q [I, O] (fp32) by GPTQ over the rows of wt [I, O] (W's columns) in order, with the feedback fb [I, I];
+    row i is on the grid (s, z)[grids[i]] of [G, O]."""
+    q, err = torch.empty_like(wt), torch.empty_like(wt)  # [I, O]: codes, and w - (q - z) s
+    n = wt.shape[0]
     for b0 in range(0, n, block):
         b1 = min(b0 + block, n)
-        err = torch.empty(w.shape[0], b1 - b0, device=w.device)  # [O, b] scaled errors of this block's columns
+        target = torch.addmm(wt[b0:b1], fb[b0:b1, :b0], err[:b0])  # [b, O]: with the earlier blocks' errors
         for i in range(b0, b1):
-            q = torch.clamp(torch.round(w[:, i] / s[:, i]) + z[:, i], 0, spec.qmax)  # [O]
-            codes[:, i] = q.to(torch.uint8)
-            e = (w[:, i] - (q - z[:, i]) * s[:, i]) / u[i, i]
-            w[:, i + 1 : b1] -= e[:, None] * u[i, i + 1 : b1][None, :]
-            err[:, i - b0] = e
-        w[:, b1:] -= err @ u[b0:b1, b1:]  # the block's errors reach the later columns in one matmul
-    return codes
+            si, zi = s[grids[i]], z[grids[i]]  # [O]
+            torch.div(target[i - b0], si, out=q[i]).round_().add_(zi).clamp_(0, spec.qmax)
+            torch.addcmul(wt[i], q[i] - zi, si, value=-1, out=err[i])
+            target[i - b0 + 1 :].addr_(fb[i + 1 : b1, i], err[i])  # this column's error, to the rest of the block
+    return q

@@ -3,12 +3,13 @@ import torch
 
 from compress.model.config import ModelConfig
 from compress.model.load import build, load_weights
+from compress.quant import primitives
 from compress.quant.apply import layer_linears, quantize
 from compress.quant.awq import candidate_scales, group_hessians, refit_scale, search_qparams, weighted_error
 from compress.quant.awq_apply import fold_scales, head_mapping
 from compress.quant.config import QuantConfig
 from compress.quant.linear import PackedLinear
-from compress.quant.primitives import IntSpec, pseudo_quantize
+from compress.quant.primitives import IntSpec, grouped, pseudo_quantize, qparams, range_qparams
 from tests.conftest import tiny_hf
 
 OUTLIERS = [3, 17, 40]
@@ -118,19 +119,67 @@ def test_refit_scale_is_the_weighted_least_squares_optimum():
     x = torch.randn(300, 32, generator=g)
     h = group_hessians(x, 16)  # [2, 16, 16]
     assert torch.allclose(h[1], x[:, 16:].T @ x[:, 16:] / 300, atol=1e-5)
-    wg = torch.randn(4, 2, 16, generator=g)
+    wg = torch.randn(2, 4, 16, generator=g)  # [G, o, g]
     codes = (wg / 0.3).round().clamp(-8, 7)  # rounded on a grid of 0.3, clipped at the ends
-    s = refit_scale(wg, codes, torch.full((4, 2), 0.3), h)
-    assert not torch.allclose(s, torch.full((4, 2), 0.3))
+    s = refit_scale(wg, codes, torch.full((2, 4), 0.3), h)
+    assert not torch.allclose(s, torch.full((2, 4), 0.3))
 
     def err(scale):
         return weighted_error(codes * scale[..., None] - wg, h)
 
-    e = codes * s[..., None] - wg  # [4, 2, 16]
-    direct = torch.stack([((x[:, 16 * j:16 * j + 16] @ e[:, j].T) ** 2).mean(0) for j in range(2)], 1)  # [4, 2]
+    e = codes * s[..., None] - wg  # [2, 4, 16]
+    direct = torch.stack([((x[:, 16 * j:16 * j + 16] @ e[j].T) ** 2).mean(0) for j in range(2)])  # [2, 4]
     assert torch.allclose(err(s), direct, rtol=1e-4)  # e^T H e is the group's mean squared partial output error
     for step in (0.99, 1.01):
         assert (err(s) <= err(s * step) + 1e-6).all()
+
+
+def reference_search(w, h, spec, grid=20, max_shrink=0.5):
+    """The exhaustive range search as first written, one candidate at a time over [O, G, g]: the oracle."""
+    wg = grouped(w, spec.group_size)  # [O, G, g]
+
+    def error(s, z):  # [O, G]
+        codes = grouped(primitives.quantize(w, s, z, spec), spec.group_size).float() - z[..., None].float()
+        e = codes * s[..., None] - wg
+        return (torch.bmm(e.transpose(0, 1), h).transpose(0, 1) * e).sum(-1), codes
+
+    shrinks = [1 - i / grid for i in range(max(1, int(max_shrink * grid)))]
+    pairs = [(a, a) for a in shrinks] if spec.symmetric else [(a, b) for a in shrinks for b in shrinks]
+    best_s, best_z = qparams(w, spec)
+    best_err = error(best_s, best_z)[0]
+    for a, b in pairs:
+        s, z = range_qparams(wg.amax(-1) * a, wg.amin(-1) * b, spec)
+        codes = error(s, z)[1]
+        ch = torch.bmm(codes.transpose(0, 1), h).transpose(0, 1)
+        num, den = (ch * wg).sum(-1), (ch * codes).sum(-1)
+        fit = num / den.clamp(min=1e-30)
+        s = torch.where((den > 0) & (fit > 0), fit, s)
+        err = error(s, z)[0]
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best_s, best_z = torch.where(better, s, best_s), torch.where(better, z, best_z)
+    return best_s, best_z
+
+
+def outlier_layer(seed, out=48, width=256):
+    """Weights with a few large columns, and inputs with a few loud channels and shared directions (as in LLMs)."""
+    g = torch.Generator().manual_seed(seed)
+    w = torch.randn(out, width, generator=g) * 0.02
+    w[:, torch.randperm(width, generator=g)[:3]] *= 6
+    x = torch.randn(512, width, generator=g) + torch.randn(512, 4, generator=g) @ torch.randn(4, width, generator=g) / 2
+    x[:, torch.randperm(width, generator=g)[:4]] *= 20
+    return w, x
+
+
+@pytest.mark.parametrize("spec", [IntSpec(4, 64), IntSpec(3, 64), IntSpec(4, 32, symmetric=True), IntSpec(3, 128)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_exhaustive_range_search_matches_the_reference_exactly(spec, seed):
+    w, x = outlier_layer(seed)
+    h = group_hessians(x, spec.group_size)
+    scale, zero = search_qparams(w, h, spec)
+    ref_scale, ref_zero = reference_search(w, h, spec)
+    assert torch.equal(scale, ref_scale) and torch.equal(zero, ref_zero)
+    assert zero.dtype == torch.int32
 
 
 @pytest.mark.parametrize("bits", [3, 4])

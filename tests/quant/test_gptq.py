@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from compress.quant.gptq import gptq_codes
+from compress.quant.gptq import cholesky_upper, gptq_codes
 from compress.quant.primitives import IntSpec, grouped, qparams, quantize
 
 SPEC = IntSpec(4, 16)
@@ -36,6 +36,46 @@ def test_error_feedback_beats_nearest_on_correlated_inputs(bits):
     assert codes.dtype == torch.uint8 and codes.max() <= spec.qmax
     nearest = quantize(w, scale, zero, spec)
     assert output_error(w, codes, scale, zero, x) < 0.75 * output_error(w, nearest, scale, zero, x)
+
+
+def textbook_gptq(w, h, scale, zero, spec, damp=0.01):
+    """GPTQ as the paper writes it, in fp64, one column at a time, largest input energy first: after each column,
+    every later column moves by its error over U_ii times row i of U = chol(H^-1) (upper). The oracle."""
+    perm = torch.argsort(torch.diagonal(h), descending=True, stable=True)
+    h = h.double()[perm][:, perm]
+    h.diagonal().add_(damp * h.diagonal().mean())
+    u = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
+    s = scale.double().repeat_interleave(spec.group_size, 1)[:, perm]
+    z = zero.double().repeat_interleave(spec.group_size, 1)[:, perm]
+    w, q = w.double()[:, perm].clone(), torch.empty(w.shape, dtype=torch.double)
+    for i in range(w.shape[1]):
+        q[:, i] = torch.clamp(torch.round(w[:, i] / s[:, i]) + z[:, i], 0, spec.qmax)
+        e = (w[:, i] - (q[:, i] - z[:, i]) * s[:, i]) / u[i, i]
+        w[:, i + 1 :] -= e[:, None] * u[i, i + 1 :][None, :]
+    codes = torch.empty_like(q)
+    codes[:, perm] = q
+    return codes.to(torch.uint8)
+
+
+@pytest.mark.parametrize("bits", [3, 4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_codes_are_the_textbook_algorithms_in_exact_arithmetic(bits, seed):
+    """Other sums in another order (one Cholesky factor of H, blocks), the same codes as the paper's updates in fp64."""
+    spec = IntSpec(bits, 32)
+    g = torch.Generator().manual_seed(seed)
+    x = correlated_inputs(2048, 128, seed) * (1 + 9 * (torch.rand(128, generator=g) < 0.05))  # a few loud inputs
+    w = torch.randn(64, 128, generator=g)
+    scale, zero = qparams(w, spec)
+    h = x.T @ x / x.shape[0]
+    assert torch.equal(gptq_codes(w, h, scale, zero, spec), textbook_gptq(w, h, scale, zero, spec))
+
+
+def test_blocked_cholesky_is_the_cholesky_factor():
+    x = torch.randn(700, 600, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    a = x.T @ x  # 600 = two blocks of 256 and a ragged one
+    u = cholesky_upper(a)
+    assert torch.equal(u, u.triu())
+    assert torch.allclose(u, torch.linalg.cholesky(a, upper=True), rtol=0, atol=1e-10 * u.abs().max().item())
 
 
 def test_block_size_does_not_change_the_codes():
