@@ -91,7 +91,7 @@ def materialize_all(model: Decoder, dtype: torch.dtype, device: torch.device | s
     """The whole model in memory as ``dtype``: it never holds more than itself plus one tensor being read.
 
     An untied embedding table stored narrower than ``dtype`` stays as stored: only the rows of the
-    tokens are read from it, and widening those is exact (an 8B's table is 1 GiB less in fp32)."""
+    tokens are read from it, and widening those is exact (Llama-3-8B's bf16 table: 1 GB instead of 2)."""
     for name in top_parts(model):
         if not is_lazy(model.get_submodule(name)):
             continue
