@@ -105,7 +105,7 @@ def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str 
     model = open_model(model_dir)
     device = torch.device(device)
     need = int(memory.model_bytes(model, dtype) * LOAD_OVERHEAD)
-    memory.require(need, device, f"loading {model_dir} as {str(dtype).removeprefix('torch.')}",
+    memory.require(need, device, f"loading {model_dir} as {load.dtype_name(dtype)}",
                    "quantize it first (compress quantize MODEL --method rtn), or run it where bf16 is kept (a GPU)")
     return materialize_all(model, dtype, device)
 
@@ -114,7 +114,7 @@ def checkpoint_dtype(model_dir: Path) -> torch.dtype:
     """The dtype a checkpoint's config.json names (torch_dtype or dtype), else that of most of its bytes."""
     cfg = load.read_config(model_dir)
     name = cfg.get("torch_dtype") or cfg.get("dtype")
-    by_name = {str(d).removeprefix("torch."): d for d in DTYPES.values()}
+    by_name = {load.dtype_name(d): d for d in DTYPES.values()}
     return by_name[name] if name in by_name and by_name[name].is_floating_point else Checkpoint(model_dir).dtype()
 
 

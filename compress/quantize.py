@@ -10,6 +10,7 @@ import torch
 from compress import models, outdir
 from compress.errors import UserError
 from compress.manifest import write_manifest
+from compress.model import load
 from compress.quant.apply import Spec, method_spec, quantize
 from compress.quant.config import QuantConfig
 from compress.quant.export import INT8_METHOD, QuantizedWriter
@@ -38,7 +39,7 @@ def output_dtype(cfg: QuantConfig, src: Path) -> torch.dtype:
         return getattr(torch, cfg.dtype)
     dtype = models.checkpoint_dtype(src)
     if cfg.format == "awq" and dtype != torch.float16:
-        print(f"--format awq stores float16 (AutoAWQ's gemm format); the source is {str(dtype).removeprefix('torch.')}")
+        print(f"--format awq stores float16 (AutoAWQ's gemm format); the source is {load.dtype_name(dtype)}")
     return dtype
 
 
@@ -85,6 +86,6 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
             stats={"quantize_seconds": round(seconds, 1), "peak_rss_mib": round(peak_rss_mib())},
             quality={},
         )
-    print(f"wrote {output} ({describe(cfg, spec, writer.stats)}, {str(writer.dtype).removeprefix('torch.')}) "
+    print(f"wrote {output} ({describe(cfg, spec, writer.stats)}, {load.dtype_name(writer.dtype)}) "
           f"in {seconds:.1f}s, peak RSS {peak_rss_mib():.0f} MiB")
     return Path(output)

@@ -64,6 +64,12 @@ def tiny_dir(tmp_path_factory, smollm2_dir) -> Path:
     return save_hf(model, tmp_path_factory.mktemp("tiny") / "model", smollm2_dir)
 
 
+@pytest.fixture
+def fp_dir(tmp_path) -> Path:
+    """A 2-layer random fp32 Llama (vocab 256, no tokenizer) saved as an HF checkpoint."""
+    return save_hf(tiny_hf("llama"), tmp_path / "fp")
+
+
 def read_json(path: Path) -> dict:
     return json.loads(Path(path).read_text())
 

@@ -23,15 +23,16 @@ Reader = Callable[[str, nn.Module], dict[str, torch.Tensor]]
 KEEP_DTYPE = (".weight_packed", ".weight_zero_point", ".weight_shape", ".outlier_idx", ".outlier_weight")
 
 
-def keeps_dtype(name: str, t: torch.Tensor) -> bool:
-    return not t.is_floating_point() or t.dtype == FP8 or ("." + name).endswith(KEEP_DTYPE)
+def keeps_dtype(name: str, dtype: torch.dtype) -> bool:
+    """Whether the tensor ``name`` stored as ``dtype`` keeps that dtype when the model's changes."""
+    return not dtype.is_floating_point or dtype == FP8 or ("." + name).endswith(KEEP_DTYPE)
 
 
 def cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[str, torch.Tensor]:
     """Floating tensors to ``dtype`` (None: as stored), except those that keep theirs (``KEEP_DTYPE``)."""
     if dtype is None:
         return tensors
-    return {k: v if keeps_dtype(k, v) else v.to(dtype) for k, v in tensors.items()}
+    return {k: v if keeps_dtype(k, v.dtype) else v.to(dtype) for k, v in tensors.items()}
 
 
 def skeleton(cfg: ModelConfig) -> Decoder:
@@ -87,16 +88,19 @@ def top_parts(model: Decoder) -> list[str]:
     return parts if model.cfg.tie_word_embeddings else [*parts, "lm_head"]
 
 
-def materialize_all(model: Decoder, dtype: torch.dtype, device: torch.device | str = "cpu") -> Decoder:
-    """The whole model in memory as ``dtype``: it never holds more than itself plus one tensor being read.
+def part_dtype(model: Decoder, name: str, dtype: torch.dtype) -> torch.dtype | None:
+    """The dtype the whole-model load gives part ``name`` (None: as stored). An untied embedding table
+    stored narrower than ``dtype`` stays as stored: only the rows of the tokens are read from it, and
+    widening those is exact (Llama-3-8B's bf16 table: 1 GB instead of 2)."""
+    if name != "model.embed_tokens" or model.cfg.tie_word_embeddings:
+        return dtype
+    stored = model.checkpoint.stored_dtype("model.embed_tokens.weight")
+    return None if stored.is_floating_point and stored.itemsize < dtype.itemsize else dtype
 
-    An untied embedding table stored narrower than ``dtype`` stays as stored: only the rows of the
-    tokens are read from it, and widening those is exact (Llama-3-8B's bf16 table: 1 GB instead of 2)."""
+
+def materialize_all(model: Decoder, dtype: torch.dtype, device: torch.device | str = "cpu") -> Decoder:
+    """The whole model in memory (``part_dtype``): it never holds more than itself plus one tensor being read."""
     for name in top_parts(model):
-        if not is_lazy(model.get_submodule(name)):
-            continue
-        keep = name == "model.embed_tokens" and not model.cfg.tie_word_embeddings
-        stored = model.checkpoint.stored_dtype("model.embed_tokens.weight") if keep else None
-        narrower = stored is not None and stored.is_floating_point and stored.itemsize < dtype.itemsize
-        materialize(model, name, stored if narrower else dtype, device)
+        if is_lazy(model.get_submodule(name)):
+            materialize(model, name, part_dtype(model, name, dtype), device)
     return model.eval()

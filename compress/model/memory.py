@@ -28,18 +28,15 @@ def tensor_bytes(model: Decoder, prefix: str, dtype: torch.dtype | None) -> int:
     for name in model.checkpoint.names(prefix):
         stored = model.checkpoint.stored_dtype(name)
         size = stored.itemsize
-        if dtype is not None and not lazy.keeps_dtype(name, torch.empty(0, dtype=stored)):
+        if dtype is not None and not lazy.keeps_dtype(name, stored):
             size = dtype.itemsize
         total += size * torch.Size(model.checkpoint.shape(name)).numel()
     return total
 
 
 def model_bytes(model: Decoder, dtype: torch.dtype) -> int:
-    """The whole model materialized as ``dtype`` (lazy.materialize_all's rule for an untied table)."""
-    table = "model.embed_tokens."
-    stored = model.checkpoint.stored_dtype(table + "weight")
-    narrow = not model.cfg.tie_word_embeddings and stored.itemsize < dtype.itemsize
-    return tensor_bytes(model, "", dtype) - (tensor_bytes(model, table, dtype) - tensor_bytes(model, table, None) if narrow else 0)
+    """The whole model as lazy.materialize_all reads it for ``dtype``."""
+    return sum(tensor_bytes(model, part + ".", lazy.part_dtype(model, part, dtype)) for part in lazy.top_parts(model))
 
 
 def block_bytes(model: Decoder, dtype: torch.dtype) -> int:

@@ -15,8 +15,8 @@ from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
 from compress.quant.primitives import DEFAULT_GROUP_SIZES, IntSpec, default_group_size
 from compress.quant.static_apply import fp8_quantize, int8_quantize
-# The swap helpers live in swap.py so that the methods import them one way; layer_linears is re-exported.
-from compress.quant.swap import Spec, each_block, layer_linears, quantize_block, quantized_linears  # noqa: F401
+# The swap helpers live in swap.py so that the methods import them one way.
+from compress.quant.swap import Spec, each_block, quantize_block, quantized_linears
 
 
 def resolve_group_size(model: Decoder, requested: int | None) -> int:

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from compress.errors import UserError
+from compress.model.load import dtype_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTO = "auto"  # the checkpoint's dtype on CUDA; float32 on CPU, where the C kernels are fp32
@@ -45,7 +46,7 @@ class EngineConfig:
         """This config with dtype "auto" made concrete for a checkpoint stored as ``stored``."""
         if self.dtype != AUTO:
             return self
-        name = str(stored).removeprefix("torch.")
+        name = dtype_name(stored)
         return replace(self, dtype=name if self.device.startswith("cuda") and name in DTYPES else "float32")
 
     @property

@@ -4,12 +4,13 @@ import torch
 from compress.model.config import ModelConfig
 from compress.model.load import build, load_weights
 from compress.quant import primitives
-from compress.quant.apply import layer_linears, quantize
+from compress.quant.apply import quantize
 from compress.quant.awq import candidate_scales, group_hessians, refit_scale, search_qparams, weighted_error
 from compress.quant.awq_apply import fold_scales, head_mapping
 from compress.quant.config import QuantConfig
 from compress.quant.linear import PackedLinear
 from compress.quant.primitives import IntSpec, grouped, pseudo_quantize, qparams, range_qparams
+from compress.quant.swap import layer_linears
 from tests.conftest import tiny_hf
 
 OUTLIERS = [3, 17, 40]
