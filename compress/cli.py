@@ -229,8 +229,8 @@ def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, co
     """TTFT, inter-token latency and decode tok/s by batch size beside the memory-bandwidth roofline; a mixed workload vs transformers."""
     from pathlib import Path
 
-    from compress.benchmark import BenchConfig, run_benchmark
-    from compress.runtime.sweep import SweepConfig, parse_batch_sizes
+    from compress.bench.command import BenchConfig, run_benchmark
+    from compress.bench.sweep import SweepConfig, parse_batch_sizes
 
     sweep = SweepConfig(parse_batch_sizes(batch_sizes), prompt_len, new_tokens, repeats)
     cfg = BenchConfig(workload, sweep, gpu, compare, Path(plot) if plot else None, not no_hf, requests, max_prompt, max_new,

@@ -7,8 +7,8 @@ hundred rows times SmolLM2's 576-1536-wide weights) is a large share of the call
 it reads the weights at about half the memory bandwidth. Here W is packed once (``pack``: 16
 output rows interleaved, ``[ceil(O/16), I, 16]``) so that a 6-row x 16-column tile of y keeps its
 12 vector accumulators in registers while one panel streams through in order; each OpenMP thread
-takes whole panels, so a second core helps at every row count (README "CPU kernels":
-``python -m compress.runtime.kernel_bench``). The source uses GCC/Clang vector extensions, so it
+takes whole panels, so a second core helps at every row count (docs/results/speed.md, "CPU kernels":
+``python -m compress.bench.cpu_kernels``). The source uses GCC/Clang vector extensions, so it
 builds for any target the compiler knows (AVX2, NEON, ...).
 """
 

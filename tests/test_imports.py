@@ -141,6 +141,15 @@ def test_no_import_cycles_among_compress_modules():
     assert not new, "import cycles: " + "; ".join(cycle_path(graph, c) for c in new)
 
 
+def test_only_the_cli_imports_the_benchmarks():
+    """compress/bench/ measures the rest and imports it one way; nothing it measures imports it back."""
+    mods = package_modules()
+    for name, path in mods.items():
+        if name == "compress.cli" or name.startswith("compress.bench"):
+            continue
+        assert not any(n.startswith("compress.bench") for n in imported_modules(name, path, mods)), name
+
+
 def test_cycle_finder_reports_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert import_cycles(graph) == [["a", "b", "c"]]

@@ -66,8 +66,8 @@ def cuda_tests(ctx: Ctx, save) -> dict:
 
 
 def kernel_ops(o: int, i: int, device, dtype) -> dict:
-    """op -> (kernel fn(x), reference fn(x), weight bytes it reads), operands as kernels/bench.py draws them."""
-    from compress.kernels import bench as kb  # its dequant_matmul etc. are the Triton kernels' own wrappers (no dispatch)
+    """op -> (kernel fn(x), reference fn(x), weight bytes it reads), operands as compress/bench/triton_kernels.py draws them."""
+    from compress.bench import triton_kernels as kb  # its dequant_matmul etc. are the Triton kernels' own wrappers (no dispatch)
     from compress.kernels import reference as ref
 
     ops = {}
@@ -98,7 +98,7 @@ def mismatch(y, expected) -> dict:
 
 def kernels(ctx: Ctx, save) -> dict:
     """Each kernel and torch's bf16 matmul on the same shapes, checked against reference.py; paged attention vs SDPA."""
-    from compress.kernels import bench as kb
+    from compress.bench import triton_kernels as kb
     from compress.kernels import reference as ref
 
     device, plan, rows = torch.device(ctx.device), ctx.plan, []
@@ -225,8 +225,8 @@ def correctness(ctx: Ctx, save) -> dict:
 
 def engine(ctx: Ctx, save) -> dict:
     """`compress bench bf16 --compare int4 --gpu h200 --batch-sizes ...` through its function, rows kept."""
-    from compress.benchmark import BenchConfig, compare_table, run_benchmark, sweep_table
-    from compress.runtime.sweep import SweepConfig
+    from compress.bench.command import BenchConfig, compare_table, run_benchmark, sweep_table
+    from compress.bench.sweep import SweepConfig
 
     plan = ctx.plan
     cfg = BenchConfig(sweep=SweepConfig(plan.engine_batches, plan.prompt_len, plan.new_tokens), gpu="h200",
@@ -239,8 +239,8 @@ def hf_generate(ctx: Ctx, save) -> dict:
     """transformers' generate (static batches, bf16 on the GPU) on the prompts the engine sweep used."""
     from transformers import AutoModelForCausalLM
 
-    from compress.runtime import bench_hf
-    from compress.runtime.sweep import SweepConfig, batch_workload, decode_tok_s
+    from compress.bench import hf_baselines
+    from compress.bench.sweep import SweepConfig, batch_workload, decode_tok_s
 
     plan = ctx.plan
     dtype = torch.float32 if ctx.dry_run else torch.bfloat16
@@ -248,23 +248,23 @@ def hf_generate(ctx: Ctx, save) -> dict:
     generate = hf.generate  # static_batches builds its token tensors on the CPU: move them to the model
     hf.generate = lambda ids, attention_mask, **kw: generate(ids.to(hf.device), attention_mask=attention_mask.to(hf.device), **kw)
     warm = batch_workload(2, SweepConfig((2,), 16, 4, seed=1), hf.config.vocab_size)
-    bench_hf.static_batches(hf, warm.prompts, warm.params, 2, 0.0)
+    hf_baselines.static_batches(hf, warm.prompts, warm.params, 2, 0.0)
     rows = []
     for b in plan.hf_batches:
         w = batch_workload(b, SweepConfig(plan.engine_batches, plan.prompt_len, plan.new_tokens), hf.config.vocab_size)
-        times = list(bench_hf.static_batches(hf, w.prompts, w.params, b, 0.0).values())
+        times = list(hf_baselines.static_batches(hf, w.prompts, w.params, b, 0.0).values())
         rows.append(dict(batch=b, decode_tok_s=decode_tok_s(times), dtype=str(dtype).removeprefix("torch.")))
         save(dict(rows=rows))
     return dict(rows=rows)
 
 
 def llmcompressor(ctx: Ctx, save) -> dict:
-    """docs/gpu-runs.md's comparison (compress.eval.llmcompressor_bench), when its model and packages were carried."""
+    """docs/results/gpu-runs.md's comparison (compress.bench.vs_llmcompressor), when its model and packages were carried."""
     if not ctx.llmc_model:
         return dict(status="skipped", note="no --llmc-model (SmolLM2's GGUF) given")
     if importlib.util.find_spec("llmcompressor") is None:
         return dict(status="skipped", note="llmcompressor is not importable (carry its wheels, docs/gpu-check.md)")
-    cmd = [sys.executable, "-m", "compress.eval.llmcompressor_bench", "--model", ctx.llmc_model, "--out", str(ctx.work / "llmc")]
+    cmd = [sys.executable, "-m", "compress.bench.vs_llmcompressor", "--model", ctx.llmc_model, "--out", str(ctx.work / "llmc")]
     proc = subprocess.run(cmd)  # its output (times, perplexities) goes to this phase's log
     return dict(status="ok" if proc.returncode == 0 else "fail", returncode=proc.returncode)
 

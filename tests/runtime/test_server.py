@@ -8,8 +8,8 @@ import openai
 import pytest
 import torch
 
+from compress.bench.loadtest import metric
 from compress.runtime import SamplingParams
-from compress.runtime.loadtest import metric
 from compress.runtime.local_server import running_server
 from tests.runtime.conftest import make_llm
 

@@ -1,6 +1,6 @@
-"""The README's quantization table: fp32 vs RTN vs AWQ at int4 and int3 on one model.
+"""The quantization table of docs/results/quality.md: fp32 vs RTN vs AWQ at int4 and int3 on one model.
 
-    python -m compress.eval.quant_bench --model smollm2-135m --out bench-out [--limit-tokens N]
+    python -m compress.bench.quant_quality --model smollm2-135m --out bench-out [--limit-tokens N]
 
 Quantizes with each method (default calibration: 128 x 512 C4 tokens), measures wall time,
 output size and WikiText-2 perplexity (2048-token windows), and prints a markdown table with

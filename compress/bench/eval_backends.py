@@ -1,6 +1,6 @@
 """Our lm-eval backend against lm-eval's HFLM on the same MMLU run: accuracy and wall time.
 
-    python -m compress.eval.backend_bench --model smollm2-135m --num-fewshot 0 [--state bench.jsonl]
+    python -m compress.bench.eval_backends --model smollm2-135m --num-fewshot 0 [--state bench.jsonl]
 
 Both score the same requests (same prompts, same token ids). The run goes subject by subject and
 scores each subject with both backends back to back, the first backend alternating, so that drift

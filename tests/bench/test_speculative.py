@@ -3,12 +3,11 @@
 import pytest
 from click.testing import CliRunner
 
-from compress.benchmark import BenchConfig
-from compress.errors import UserError
-
+from compress.bench.command import BenchConfig
+from compress.bench.speculative import run_spec_bench, table
+from compress.bench.sweep import SweepConfig
 from compress.cli import cli
-from compress.spec_bench import run_spec_bench, table
-from compress.runtime.sweep import SweepConfig
+from compress.errors import UserError
 
 
 def test_rows_per_batch_size_with_acceptance_and_identical_tokens(tiny_dir, data_dir):

@@ -5,11 +5,11 @@ import json
 import pytest
 
 from compress.errors import UserError
-from compress.eval import backend_bench
+from compress.bench import eval_backends
 
 
 def run(tiny_dir, state, *extra):
-    backend_bench.main.main(["--model", str(tiny_dir), "--subjects", "anatomy,virology", "--limit", "2",
+    eval_backends.main.main(["--model", str(tiny_dir), "--subjects", "anatomy,virology", "--limit", "2",
                              "--hf-batch-size", "4", "--state", str(state), *extra], standalone_mode=False)
 
 
@@ -31,7 +31,7 @@ def test_both_backends_score_every_subject_and_a_rerun_resumes(data_dir, tiny_di
 
     # a kill while writing leaves a torn last line: that subject is scored again, the rest is kept
     state.write_text("\n".join(lines[:-1]) + '\n{"subject": "viro')
-    monkeypatch.setattr(backend_bench, "make_backends", lambda *a: {"hf": "HF", "compress": "OURS"})
+    monkeypatch.setattr(eval_backends, "make_backends", lambda *a: {"hf": "HF", "compress": "OURS"})
     calls = []
     monkeypatch.setattr("compress.eval.harness.run_mmlu", lambda lm, k, limit, subjects: calls.append((lm, subjects))
                         or {"subjects": {subjects[0]: rows[-1] | {"seconds": 0}}})
@@ -46,7 +46,7 @@ def test_both_backends_score_every_subject_and_a_rerun_resumes(data_dir, tiny_di
 
 
 def test_an_empty_or_torn_header_state_file_starts_afresh(data_dir, tiny_dir, tmp_path, monkeypatch):
-    monkeypatch.setattr(backend_bench, "make_backends", lambda *a: {"hf": "HF", "compress": "OURS"})
+    monkeypatch.setattr(eval_backends, "make_backends", lambda *a: {"hf": "HF", "compress": "OURS"})
     monkeypatch.setattr("compress.eval.harness.run_mmlu", lambda lm, k, limit, subjects:
                         {"subjects": {subjects[0]: {"acc": 0.5, "n": 2}}})
     for text in ("", '{"conf'):
@@ -58,7 +58,7 @@ def test_an_empty_or_torn_header_state_file_starts_afresh(data_dir, tiny_dir, tm
 
 
 def test_the_table_needs_a_subject_both_backends_finished():
-    assert backend_bench.table([{"subject": "anatomy", "backend": "hf", "seconds": 1.0, "acc": 0.5, "n": 2}],
+    assert eval_backends.table([{"subject": "anatomy", "backend": "hf", "seconds": 1.0, "acc": 0.5, "n": 2}],
                                "m", 0, "hf") == "no subject has been scored by both backends yet"
 
 
@@ -71,4 +71,4 @@ def test_a_state_file_of_another_run_is_refused(data_dir, tiny_dir, tmp_path):
 
 def test_an_unknown_subject_is_refused(data_dir, tiny_dir, tmp_path):
     with pytest.raises(UserError, match="unknown MMLU subject astrology"):
-        backend_bench.main.main(["--model", str(tiny_dir), "--subjects", "astrology"], standalone_mode=False)
+        eval_backends.main.main(["--model", str(tiny_dir), "--subjects", "astrology"], standalone_mode=False)

@@ -12,8 +12,9 @@ import random
 import time
 from dataclasses import dataclass
 
+from compress.bench.peak_rss import PeakRSS
+from compress.bench.workload import Workload, ours, pct
 from compress.errors import UserError
-from compress.runtime.bench import PeakRSS, Workload, ours, pct
 from compress.runtime.engine import LLM
 from compress.runtime.sequence import SamplingParams
 

@@ -1,6 +1,6 @@
 """int8 outlier-split and fp8 report: outlier dims per layer type, one activation plot, perplexity.
 
-    python -m compress.eval.int8_report --model smollm2-135m --out int8-report [--limit-tokens N]
+    python -m compress.bench.int8_report --model smollm2-135m --out int8-report [--limit-tokens N]
 
 Calibrates on C4 (``--calib-samples`` x 512 tokens), counts the outlier input dims (calibration
 max |x| >= threshold) per Linear type, plots max |x| per input dim of one Linear (PNG under

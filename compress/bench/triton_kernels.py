@@ -1,7 +1,7 @@
 """Kernel benchmark: each Triton kernel vs fp16 torch on Llama Linear shapes; paged attention vs SDPA.
 
-    python -m compress.kernels.bench --out bench.json            # CUDA GPU, a few minutes
-    TRITON_INTERPRET=1 python -m compress.kernels.bench --dry-run --out bench.json   # CPU, tiny shapes
+    python -m compress.bench.triton_kernels --out bench.json            # CUDA GPU, a few minutes
+    TRITON_INTERPRET=1 python -m compress.bench.triton_kernels --dry-run --out bench.json   # CPU, tiny shapes
 
 For every (model, Linear shape [O, I], M) it times each kernel and ``torch.matmul`` in fp16 on the
 same shapes in the same run, and reports the speed-up (fp16 time / kernel time) and the achieved

@@ -1,7 +1,7 @@
 """lm-eval's `local-completions` model against `compress serve`, on a slice of MMLU, beside our
 engine scored directly: the served API is what other tools see, and it must give the same answers.
 
-    python -m compress.eval.server_mmlu --model smollm2-135m --limit 5
+    python -m compress.bench.server_mmlu --model smollm2-135m --limit 5
 
 The server runs in this process on a free loopback port; lm-eval sends token ids with echo=True,
 logprobs=1 and max_tokens=1, as it does against vLLM.

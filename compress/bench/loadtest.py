@@ -1,7 +1,7 @@
 """Load test of `compress serve` on loopback: many concurrent streaming clients, a KV pool far too
 small for them all (so preemption happens), and an exactness check against one-at-a-time decoding.
 
-    python -m compress.runtime.loadtest --model smollm2-135m --clients 256
+    python -m compress.bench.loadtest --model smollm2-135m --clients 256
 
 The server runs in this process on a free loopback port. Every request is greedy with a fixed
 length (ignore_eos), so its streamed text must equal the same request decoded alone, and its
@@ -18,7 +18,7 @@ import click
 import httpx
 from tqdm import tqdm
 
-from compress.runtime.bench import mixed
+from compress.bench.mixed import mixed
 from compress.runtime.engine import LLM
 from compress.runtime.local_server import running_server
 from compress.runtime.sequence import SamplingParams

@@ -1,16 +1,16 @@
-"""llm-compressor's AWQ on the same model and calibration tokens as ours, for the README.
+"""llm-compressor's AWQ on the same model and calibration tokens as ours (docs/results/quality.md).
 
 Run where `llmcompressor` is importable (the optional `bench` extra; it pins its own
 transformers, so a separate virtualenv is simplest):
 
-    python -m compress.eval.llmcompressor_bench --model smollm2-135m --out bench-out/llmc-awq-int4
+    python -m compress.bench.vs_llmcompressor --model smollm2-135m --out bench-out/llmc-awq-int4
 
 It writes ours (`compress quantize --method awq --bits 4`, run in a process of its own) to
 OUT/compress, then llm-compressor's compressed-tensors checkpoint (W4A16 asymmetric, our default
 group size, the same calibration tokens) to OUT/llmcompressor in this process, and prints both
 wall times and both WikiText-2 perplexities, measured by the same code (our loader reads either
 checkpoint). Each tool starts in a fresh process: on an H200, ours took 12.9 s in a process of
-its own and 91.6 s in one where llm-compressor had run before (docs/gpu-runs.md).
+its own and 91.6 s in one where llm-compressor had run before (docs/results/gpu-runs.md).
 """
 
 import subprocess

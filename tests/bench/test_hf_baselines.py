@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from compress.runtime import bench_hf
+from compress.bench import hf_baselines
 from compress.runtime.sequence import SamplingParams
 
 
@@ -41,7 +41,7 @@ def finished(i, error=None):
 
 def continuous(manager, n=2):
     hf = SimpleNamespace(init_continuous_batching=lambda generation_config: manager)
-    return bench_hf.continuous(hf, [[1, 2]] * n, [SamplingParams(max_tokens=2)] * n, 0.0)
+    return hf_baselines.continuous(hf, [[1, 2]] * n, [SamplingParams(max_tokens=2)] * n, 0.0)
 
 
 def test_a_finished_run_stops_and_joins_the_thread():

@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from compress.bandwidth import copy_bandwidth
+from compress.bench.bandwidth import copy_bandwidth
 from compress.errors import UserError
 
 

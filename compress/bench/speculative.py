@@ -11,6 +11,7 @@ time on a noisy machine.
 
 import time
 
+from compress.bench.sweep import SweepConfig
 from compress.calib import read_texts
 from compress.errors import UserError
 from compress.runtime.engine import LLM
@@ -18,7 +19,6 @@ from compress.runtime.ngram_drafter import NGRAM
 from compress.runtime.output import RequestOutput
 from compress.runtime.sequence import SamplingParams
 from compress.runtime.speculative import SpecStats
-from compress.runtime.sweep import SweepConfig
 
 
 def text_prompts(tokenizer, n: int, length: int) -> list[list[int]]:

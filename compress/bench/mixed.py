@@ -6,23 +6,16 @@ phase's wall time; peak memory is the process RSS high-water mark sampled during
 """
 
 import random
-import threading
 import time
-from dataclasses import dataclass
 
-import psutil
 import torch
 
+from compress.bench import hf_baselines
+from compress.bench.peak_rss import PeakRSS
+from compress.bench.workload import Workload, ours, pct
 from compress.errors import UserError
-from compress.runtime import bench_hf
 from compress.runtime.engine import LLM
 from compress.runtime.sequence import SamplingParams
-
-
-@dataclass
-class Workload:
-    prompts: list[list[int]]
-    params: list[SamplingParams]
 
 
 def check_mixed(num_requests: int, max_prompt: int, max_new: int) -> None:
@@ -36,39 +29,6 @@ def mixed(num_requests: int, max_prompt: int, max_new: int, vocab: int, seed: in
     prompts = [[rng.randrange(vocab) for _ in range(rng.randint(16, max_prompt))] for _ in range(num_requests)]
     params = [SamplingParams(max_tokens=rng.randint(16, max_new), temperature=0, ignore_eos=True) for _ in range(num_requests)]
     return Workload(prompts, params)
-
-
-class PeakRSS:
-    """Context manager sampling this process's RSS every 20 ms; .peak in MiB."""
-
-    def __enter__(self):
-        self.peak, self._stop = 0.0, threading.Event()
-        self._thread = threading.Thread(target=self._sample, daemon=True)
-        self._thread.start()
-        return self
-
-    def _sample(self):
-        proc = psutil.Process()
-        while not self._stop.is_set():
-            self.peak = max(self.peak, proc.memory_info().rss / 2**20)
-            time.sleep(0.02)
-
-    def __exit__(self, *exc):
-        self._stop.set()
-        self._thread.join()
-
-
-def ours(llm: LLM, w: Workload, t0: float) -> dict[int, list[float]]:
-    ids = [llm.add_request(p, sp) for p, sp in zip(w.prompts, w.params)]
-    times = {i: [] for i in ids}
-    while llm.has_unfinished():
-        for out in llm.step():
-            times[out.request_id].append(time.perf_counter())
-    return {n: times[i] for n, i in enumerate(ids)}
-
-
-def pct(xs: list[float], q: float) -> float:
-    return float(torch.tensor(xs).quantile(q)) * 1e3 if xs else float("nan")
 
 
 def summary(name: str, times: dict[int, list[float]], t0: float, wall: float, peak: float) -> dict:
@@ -95,7 +55,7 @@ def bs1(llm: LLM, hf, new_tokens: int = 128) -> tuple[float, float]:
     """Decode tok/s of one request (16-token prompt): ours, transformers."""
     w = Workload([list(range(1000, 1016))], [SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True)])
     t_ours = ours(llm, w, 0.0)[0]
-    t_hf = bench_hf.static_batches(hf, w.prompts, w.params, 1, 0.0)[0]
+    t_hf = hf_baselines.static_batches(hf, w.prompts, w.params, 1, 0.0)[0]
     return decode_rate(t_ours), decode_rate(t_hf)
 
 
@@ -124,8 +84,8 @@ def run_mixed(engines: list[tuple[str, LLM]], model_dir, num_requests: int, max_
         print(f"runtime ({name}): {engine.scheduler.num_preemptions - preempted} preemptions", flush=True)
     if hf_baselines:
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
-        rows.append(measure("transformers generate, static batches of 16", lambda w, t0: bench_hf.static_batches(hf, w.prompts, w.params, 16, t0), w))
-        rows.append(measure("transformers continuous batching", lambda w, t0: bench_hf.continuous(hf, w.prompts, w.params, t0), w))
+        rows.append(measure("transformers generate, static batches of 16", lambda w, t0: hf_baselines.static_batches(hf, w.prompts, w.params, 16, t0), w))
+        rows.append(measure("transformers continuous batching", lambda w, t0: hf_baselines.continuous(hf, w.prompts, w.params, t0), w))
     print(table(rows))
     if hf_baselines:
         ours_rate, hf_rate = bs1(llm, hf)

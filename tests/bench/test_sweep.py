@@ -4,8 +4,8 @@ import pytest
 
 from compress.errors import UserError
 from compress.runtime import LLM
-from compress.runtime.footprint import footprint
-from compress.runtime.sweep import SweepConfig, parse_batch_sizes, sweep
+from compress.bench.footprint import footprint
+from compress.bench.sweep import SweepConfig, parse_batch_sizes, sweep
 
 V, C, I, L, KVH, D = 49152, 64, 128, 2, 2, 16  # tiny_dir: vocab, hidden, MLP, layers, KV heads, head_dim
 LINEARS = [(C, C), (KVH * D, C), (KVH * D, C), (C, C), (I, C), (I, C), (C, I)]  # (out, in): q k v o gate up down

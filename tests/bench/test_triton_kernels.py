@@ -9,7 +9,7 @@ import sys
 def test_dry_run_writes_rows_and_prints_table(tmp_path):
     out = tmp_path / "bench.json"
     env = os.environ | {"TRITON_INTERPRET": "1"}
-    proc = subprocess.run([sys.executable, "-m", "compress.kernels.bench", "--dry-run", "--out", str(out)],
+    proc = subprocess.run([sys.executable, "-m", "compress.bench.triton_kernels", "--dry-run", "--out", str(out)],
                           env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["rows"]
@@ -22,6 +22,6 @@ def test_dry_run_writes_rows_and_prints_table(tmp_path):
 
 def test_dry_run_refuses_without_interpreter():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    proc = subprocess.run([sys.executable, "-m", "compress.kernels.bench", "--dry-run"],
+    proc = subprocess.run([sys.executable, "-m", "compress.bench.triton_kernels", "--dry-run"],
                           env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "TRITON_INTERPRET=1" in proc.stderr

@@ -1,6 +1,6 @@
 """The CPU kernels against the torch paths they replace, on SmolLM2-135M's shapes, in one run.
 
-    OMP_NUM_THREADS=1 python -m compress.runtime.kernel_bench [--repeats 5] [--rows 1,8,16,64,512]
+    OMP_NUM_THREADS=1 python -m compress.bench.cpu_kernels [--repeats 5] [--rows 1,8,16,64,512]
 
 Decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens (the mixed
 workload's busiest step), their blocks scattered over the pool as after a while of serving, 30

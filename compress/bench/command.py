@@ -13,18 +13,18 @@ from pathlib import Path
 
 import torch
 
-from compress.bandwidth import copy_bandwidth
+from compress.bench.bandwidth import copy_bandwidth
+from compress.bench.footprint import Footprint, footprint, tensor_bytes
+from compress.bench.mixed import check_mixed, run_mixed
+from compress.bench.sweep import BatchResult, SweepConfig, sweep
 from compress.errors import UserError
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
 from compress.models import checkpoint_dtype, resolve
 from compress.roofline import GPUS, decode_flops, kv_bytes_per_token, tokens_per_s_bound
-from compress.runtime.bench import check_mixed, run_mixed
 from compress.runtime.config import EngineConfig
 from compress.runtime.engine import LLM
-from compress.runtime.footprint import Footprint, footprint, tensor_bytes
 from compress.runtime.ngram_drafter import NGRAM
-from compress.runtime.sweep import BatchResult, SweepConfig, sweep
 
 WORKLOADS = ("batches", "mixed", "all")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
@@ -86,7 +86,7 @@ class BenchConfig:
 def run_benchmark(model: str, cfg: BenchConfig) -> list[list[dict]]:
     """Print the tables of cfg.workload for MODEL (and cfg.compare); returns the sweep's rows per model."""
     if cfg.drafts:
-        from compress.spec_bench import run_spec_bench, table
+        from compress.bench.speculative import run_spec_bench, table
 
         engine = cfg.engine(resolve(model)) | dict(draft_vocab=cfg.draft_vocab)
         check_context([resolve(model)], cfg)
@@ -137,7 +137,7 @@ def run_sweep(models: list[tuple[str, Path]], cfg: BenchConfig) -> list[list[dic
     if len(results) > 1:
         print(compare_table(results))
     if cfg.plot is not None:
-        from compress.bench_plot import plot_throughput
+        from compress.bench.plot import plot_throughput
 
         plot_throughput(results, cfg.gpu, cfg.plot)
         print(f"plot: {cfg.plot}")
