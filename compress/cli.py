@@ -3,13 +3,16 @@
 import os
 import signal
 import sys
+import time
 
 if os.environ.get("COMPRESS_ALLOW_DOWNLOAD", "").lower() not in ("1", "true", "yes", "on"):
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing is downloaded at run time unless the user allows it
+if os.environ.get("RANK", "0") != "0":
+    os.environ["TQDM_DISABLE"] = "1"  # only the main process of a launch shows progress; tqdm reads this at import
 
 import click  # noqa: E402
 
-from compress import __version__  # noqa: E402
+from compress import __version__, world  # noqa: E402
 from compress.errors import UserError  # noqa: E402
 from compress.malloc import return_freed_memory  # noqa: E402
 from compress.quant.config import OUTLIER_THRESHOLD, SMOOTH_ALPHA  # noqa: E402
@@ -32,7 +35,9 @@ EXAMPLES = {  # one per verb: `compress` with no arguments lists them
 @click.pass_context
 def cli(ctx):
     """LLM compression toolkit: quantize, evaluate and inspect Llama-family models."""
-    if ctx.invoked_subcommand is None:
+    if ctx.invoked_subcommand is not None:
+        world.check_launch(ctx.invoked_subcommand)
+    else:
         click.echo(f"compress {__version__}: {ctx.command.help}\n\nverbs (compress VERB --help lists the options):")
         for name, command in ctx.command.commands.items():
             click.echo(f"  {name:<14} {command.get_short_help_str(limit=76)}\n  {'':<14} e.g. {EXAMPLES.get(name, '')}")
@@ -277,10 +282,16 @@ def run_command(command: click.Command) -> None:
     try:
         command.main(standalone_mode=False)
     except UserError as e:
+        if not world.is_main():
+            # every process meets the same bad input: the main one says it, the others leave after it so that the
+            # launcher, which stops all processes when one exits, does not cut that line off
+            time.sleep(2)
+            sys.exit(2)
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     except (click.exceptions.Abort, KeyboardInterrupt):
-        click.echo("interrupted; no output was written", err=True)
+        if world.is_main():
+            click.echo("interrupted; no output was written", err=True)
         sys.exit(130)
     except click.ClickException as e:
         ctx = getattr(e, "ctx", None)

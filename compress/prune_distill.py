@@ -9,7 +9,7 @@ from pathlib import Path
 import psutil
 import torch
 
-from compress import models, outdir
+from compress import models, outdir, world
 from compress.calib import read_texts
 from compress.errors import UserError
 from compress.manifest import read_manifest, write_manifest
@@ -53,13 +53,16 @@ def importance(teacher, pcfg: PruneConfig, tokenizer) -> Importance:
 
 def check_memory(cfg: ModelConfig, shape: Shape, pcfg: PruneConfig, dcfg: DistillConfig | None) -> None:
     """Refuse, before anything is loaded, a run that cannot fit where it runs (the distillation on
-    the GPU when there is one; pruning alone, and everything without a GPU, in host memory)."""
+    the GPU when there is one, one GPU a process; pruning alone, and everything without a GPU, in
+    host memory, which the processes on this machine share)."""
     cuda = dcfg is not None and torch.cuda.is_available()
-    est = memory.estimate(cfg, shape, dcfg, pcfg, TEACHER_DTYPE.itemsize, autocast=cuda)
+    est = memory.estimate(cfg, shape, dcfg, pcfg, TEACHER_DTYPE.itemsize, autocast=cuda, processes=world.size())
     available, where = ((torch.cuda.mem_get_info()[0], "the GPU has") if cuda
                         else (psutil.virtual_memory().available, "this machine has"))
-    memory.check(est, available, where)
-    print(f"memory: about {memory.size(est.total)} needed ({est.describe()}); {where} {memory.size(available)} available")
+    copies = 1 if cuda else world.local_size()
+    memory.check(est, available, where, copies)
+    print(f"memory: about {memory.size(est.total * copies)} needed ({memory.times(copies)}{est.describe()}); "
+          f"{where} {memory.size(available)} available")
 
 
 def distill_rows(tokenizer, dcfg: DistillConfig) -> tuple[torch.Tensor, torch.Tensor]:
@@ -76,7 +79,17 @@ def distill_rows(tokenizer, dcfg: DistillConfig) -> tuple[torch.Tensor, torch.Te
 
 def run_prune_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None, output: str, force: bool = False,
                       resume: bool = False) -> Path:
+    with world.main_speaks():
+        return prune_and_distill(model, pcfg, dcfg, output, force, resume)
+
+
+def prune_and_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None, output: str, force: bool,
+                      resume: bool) -> Path:
     outdir.check_target(output, force)  # an empty or unwritable -o fails before any work
+    if world.size() > 1 and dcfg is None:
+        raise UserError("--no-distill runs in one process; start it without accelerate launch or torchrun")
+    if dcfg is not None:
+        dcfg.check_processes(world.size())
     out = Path(output).expanduser()
     src = models.resolve(model)
     if (read_manifest(src) or {}).get("recipe", {}).get("quantize"):
@@ -100,13 +113,17 @@ def run_prune_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None,
     if dcfg is not None:
         from compress.prune.distill import Distiller
 
-        ckpt.mkdir(parents=True, exist_ok=True)
-        (ckpt / "keep.json").write_text(json.dumps(keep.to_json()))
+        if world.is_main():
+            ckpt.mkdir(parents=True, exist_ok=True)
+            (ckpt / "keep.json").write_text(json.dumps(keep.to_json()))
         distiller = Distiller(teacher, student, *rows, dcfg, ckpt / "state")
         if resume:
             distiller.load()
         curve = distiller.run()
-        student = distiller.accelerator.unwrap_model(distiller.student).float().cpu()
+        student = distiller.model.decoder.float().cpu()
+        distiller.accelerator.end_training()
+    if not world.is_main():
+        return out  # the main process writes OUT
     with outdir.staged(out, force) as tmp:
         save_decoder(student.eval(), tmp, src)
         write_manifest(tmp, recipe={"prune": asdict(pcfg), "distill": asdict(dcfg) if dcfg else None},

@@ -2,6 +2,7 @@
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -95,3 +96,31 @@ def run_main(monkeypatch, capsys, *argv) -> tuple[int, str, str]:
         code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+@pytest.fixture
+def model_and_text(tmp_path, smollm2_dir) -> tuple[Path, Path]:
+    """A tiny Llama with SmolLM2's tokenizer (tied embeddings, 3 layers) and a text file to distill on."""
+    model = save_hf(tiny_hf("llama", vocab=49152, tie_word_embeddings=True, num_hidden_layers=3), tmp_path / "m", smollm2_dir)
+    text = tmp_path / "text.txt"
+    text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(200)))
+    return model, text
+
+
+def launch_command(processes: int, *args: str) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of `accelerate launch --multi_gpu --num_processes N ARGS`: gloo on CPU without CUDA, one thread a
+    process, a free port."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
+           *args]
+    return cmd, {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
+
+
+def launch(processes: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd, env = launch_command(processes, *args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

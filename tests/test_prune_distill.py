@@ -5,16 +5,8 @@ import json
 import pytest
 import torch
 
-from tests.conftest import read_json, save_hf, tiny_hf
+from tests.conftest import read_json
 from tests.test_cli import assert_one_line_error, run
-
-
-@pytest.fixture
-def model_and_text(tmp_path, smollm2_dir):
-    model = save_hf(tiny_hf("llama", vocab=49152, tie_word_embeddings=True, num_hidden_layers=3), tmp_path / "m", smollm2_dir)
-    text = tmp_path / "text.txt"
-    text.write_text("\n\n".join(f"Paragraph {i}: the quick brown fox jumps over the lazy dog {i} times." for i in range(200)))
-    return model, text
 
 
 SMALL = ["--hidden-size", "48", "--intermediate-size", "96", "--num-layers", "2", "--calib-samples", "2",

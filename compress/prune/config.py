@@ -79,6 +79,12 @@ class DistillConfig:
             raise UserError(f"--tokens {self.tokens} is below one step of {self.tokens_per_step} tokens "
                             f"(--batch-size x --grad-accum x --seq-len)")
 
+    def check_processes(self, processes: int) -> None:
+        """--batch-size is the global micro-batch: it must split evenly over the processes."""
+        if self.batch_size % processes:
+            raise UserError(f"--batch-size {self.batch_size} (rows a micro-batch, over all processes) does not split "
+                            f"over {processes} processes; use a multiple of {processes}")
+
     @property
     def tokens_per_step(self) -> int:
         return self.batch_size * self.grad_accum * self.seq_len

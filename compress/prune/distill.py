@@ -5,14 +5,20 @@ plus, with hidden_weight > 0, the MSE between the teacher's final hidden states 
 mapped through a learned Linear (the student may be narrower). AdamW, linear warmup then cosine
 decay, gradient accumulation, on `accelerate` (CPU fp32 here; bf16 autocast on a GPU, same code).
 
-Everything that decides the next step is in the checkpoint (weights, optimizer, scheduler, step;
-the data order is a seeded permutation), so a resumed run continues with identical state.
+Across N processes (`accelerate launch`, `torchrun`; DDP) --batch-size stays the global micro-batch:
+each process takes its 1/N slice of the same rows that one process would take, gradients are
+averaged, so a step means the same data and tokens whatever N is. Everything that decides the next
+step is in the checkpoint (weights, optimizer, scheduler, step; the data order is a seeded
+permutation) and none of it depends on N: a resumed run continues with identical state, also with
+another number of processes. Only the main process writes checkpoints and shows progress.
 """
 
 import json
 import math
 import shutil
+import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 
@@ -22,10 +28,12 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 from tqdm import tqdm
 
+from compress import world
 from compress.errors import UserError
 from compress.model.decoder import Decoder
 from compress.model.load import state_for_saving
 from compress.prune.config import DistillConfig
+from compress.prune.stop import StopRequest
 
 
 def kd_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -47,13 +55,28 @@ def lr_lambda(cfg: DistillConfig):
 
 
 @torch.no_grad()
-def held_out_ppl(model: Decoder, rows: torch.Tensor, batch: int) -> float:
-    nll, count = 0.0, 0
+def held_out_nll(logits_of: Callable[[torch.Tensor], torch.Tensor], rows: torch.Tensor, batch: int) -> torch.Tensor:
+    """[2] float64: summed next-token NLL and token count of rows [N, T]; logits_of: ids [B, T] -> [B, T, V]."""
+    total = torch.zeros(2, dtype=torch.float64, device=rows.device)
     for chunk in rows.split(batch):
-        logits = model(chunk)[:, :-1]  # [B, T-1, V]
-        nll += F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum").item()
-        count += chunk[:, 1:].numel()
-    return math.exp(nll / count)
+        logits = logits_of(chunk)[:, :-1]  # [B, T-1, V]
+        total[0] += F.cross_entropy(logits.flatten(0, 1).float(), chunk[:, 1:].flatten(), reduction="sum").double()
+        total[1] += chunk[:, 1:].numel()
+    return total
+
+
+class Student(nn.Module):
+    """The student and the projection of its hidden states onto the teacher's: one module, so that DDP sees the
+    forward of everything trained."""
+
+    def __init__(self, decoder: Decoder, proj: nn.Linear | None):
+        super().__init__()
+        self.decoder, self.proj = decoder, proj
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits [B, T, V] and the projected hidden states [B, T, Ct] (None without a projection)."""
+        hidden = self.decoder.hidden(ids)  # [B, T, Cs]
+        return self.decoder.lm_head(hidden), None if self.proj is None else self.proj(hidden)
 
 
 class Distiller:
@@ -62,43 +85,58 @@ class Distiller:
     def __init__(self, teacher: Decoder, student: Decoder, train: torch.Tensor, held_out: torch.Tensor,
                  cfg: DistillConfig, ckpt_dir: Path):
         from accelerate import Accelerator
+        from accelerate.utils import DataLoaderConfiguration
 
         self.cfg, self.ckpt_dir = cfg, Path(ckpt_dir)
-        self.accelerator = Accelerator(mixed_precision="bf16" if torch.cuda.is_available() else "no",
-                                       gradient_accumulation_steps=cfg.grad_accum)
+        # split_batches: our micro-batch is already the global one, so the scheduler steps once a step, not N times
+        cuda = torch.cuda.is_available()
+        self.accelerator = Accelerator(cpu=not cuda, mixed_precision="bf16" if cuda else "no",  # cpu: gloo across processes
+                                       gradient_accumulation_steps=cfg.grad_accum,
+                                       dataloader_config=DataLoaderConfiguration(split_batches=True))
+        if self.accelerator.num_processes != world.size():  # N unconnected copies would each train alone
+            raise UserError(f"launched as {world.size()} processes but accelerate set up "
+                            f"{self.accelerator.num_processes}; {world.CPU_LAUNCH}")
+        cfg.check_processes(self.accelerator.num_processes)
         self.teacher = teacher.eval().requires_grad_(False).to(self.accelerator.device)
-        self.student = student.train().requires_grad_(True)
-        self.proj = nn.Linear(student.cfg.hidden_size, teacher.cfg.hidden_size, bias=False) if cfg.hidden_weight else None
-        params = list(self.student.parameters()) + (list(self.proj.parameters()) if self.proj else [])
-        self.optimizer = torch.optim.AdamW(params, lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        torch.manual_seed(cfg.seed)  # the projection's initial weights, the same in every process and run
+        proj = nn.Linear(student.cfg.hidden_size, teacher.cfg.hidden_size, bias=False) if cfg.hidden_weight else None
+        model = Student(student.train().requires_grad_(True), proj)
+        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.student, self.optimizer, self.scheduler = self.accelerator.prepare(self.student, self.optimizer, self.scheduler)
-        if self.proj is not None:
-            self.proj = self.accelerator.prepare(self.proj)
-        self.train_rows, self.held_out = train, held_out.to(self.accelerator.device)
+        self.student, self.optimizer, self.scheduler = self.accelerator.prepare(model, self.optimizer, self.scheduler)
+        self.train_rows = train
+        self.held_out = held_out.tensor_split(self.accelerator.num_processes)[self.accelerator.process_index]
+        self.held_out = self.held_out.to(self.accelerator.device)
         self.order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed))
         self.step, self.curve = 0, []  # curve: {"step", "tokens", "kd_loss", "held_out_ppl"?}
+        self.stop = StopRequest()
+
+    @property
+    def model(self) -> Student:
+        return self.accelerator.unwrap_model(self.student)
 
     def batch(self, micro: int) -> torch.Tensor:
-        """[B, T] rows for micro-batch `micro` of the run; wraps around the data when the budget needs it."""
-        start = micro * self.cfg.batch_size
-        idx = self.order[torch.arange(start, start + self.cfg.batch_size) % len(self.order)]
-        return self.train_rows[idx].to(self.accelerator.device)
+        """[B / N, T]: this process's slice of micro-batch `micro` of the run (wrapping around the data when the
+        budget needs it)."""
+        acc, size = self.accelerator, self.cfg.batch_size // self.accelerator.num_processes
+        start = micro * self.cfg.batch_size + acc.process_index * size
+        idx = self.order[torch.arange(start, start + size) % len(self.order)]
+        return self.train_rows[idx].to(acc.device)
 
     def loss(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self.accelerator.autocast():
             t_hidden = self.teacher.hidden(ids)  # [B, T, Ct]
             t_logits = self.teacher.lm_head(t_hidden)
         with self.accelerator.autocast():
-            s_hidden = self.accelerator.unwrap_model(self.student).hidden(ids)  # [B, T, Cs]
-            s_logits = self.accelerator.unwrap_model(self.student).lm_head(s_hidden)
+            s_logits, projected = self.student(ids)  # [B, T, V], [B, T, Ct] or None
             loss = kd_loss(s_logits.flatten(0, 1), t_logits.flatten(0, 1), self.cfg.temperature)
-            if self.proj is not None:
-                loss = loss + self.cfg.hidden_weight * F.mse_loss(self.proj(s_hidden).float(), t_hidden.float())
+            if projected is not None:
+                loss = loss + self.cfg.hidden_weight * F.mse_loss(projected.float(), t_hidden.float())
         return loss
 
     def train_step(self) -> float:
-        total = 0.0
+        """One optimizer step; returns its loss averaged over the micro-batches and processes."""
+        total = torch.zeros((), device=self.accelerator.device)
         for k in range(self.cfg.grad_accum):
             with self.accelerator.accumulate(self.student):
                 loss = self.loss(self.batch(self.step * self.cfg.grad_accum + k))
@@ -106,23 +144,30 @@ class Distiller:
                 self.optimizer.step()
                 self.scheduler.step()  # accelerate's wrapper steps only when gradients sync
                 self.optimizer.zero_grad()
-            total += loss.item() / self.cfg.grad_accum
+            total += loss.detach() / self.cfg.grad_accum
         self.step += 1
-        return total
+        return self.accelerator.reduce(total, "mean").item()
 
     def evaluate(self) -> float:
-        model = self.accelerator.unwrap_model(self.student).eval()
-        ppl = held_out_ppl(model, self.held_out, self.cfg.batch_size)
-        model.train()
-        return ppl
+        """Held-out perplexity; each process scores its share of the rows, through the wrapped model as in training."""
+        self.student.eval()
+        nll = held_out_nll(lambda ids: self.student(ids)[0], self.held_out, self.cfg.batch_size)
+        self.student.train()
+        nll, count = self.accelerator.reduce(nll, "sum").tolist()
+        return math.exp(nll / count)
+
+    def stop_requested(self) -> bool:
+        """Whether any process was asked to stop (all processes call this after every step)."""
+        flag = torch.tensor(float(self.stop.requested), device=self.accelerator.device)
+        return self.accelerator.reduce(flag, "sum").item() > 0
 
     def run(self) -> list[dict]:
-        cfg = self.cfg
-        bar = tqdm(total=cfg.steps, initial=self.step, desc="distill", unit="step")
+        cfg, main = self.cfg, self.accelerator.is_main_process
+        bar = tqdm(total=cfg.steps, initial=self.step, desc="distill", unit="step", disable=not main)
         if self.step == 0:
             self.curve.append({"step": 0, "tokens": 0, "held_out_ppl": round(self.evaluate(), 4)})
         start, start_step = time.perf_counter(), self.step
-        try:
+        with self.stop.installed():
             while self.step < cfg.steps:
                 loss = self.train_step()
                 point = {"step": self.step, "tokens": self.step * cfg.tokens_per_step, "kd_loss": round(loss, 5)}
@@ -132,47 +177,56 @@ class Distiller:
                 rate = (self.step - start_step) * cfg.tokens_per_step / (time.perf_counter() - start)
                 bar.set_postfix(loss=f"{loss:.4f}", tok_s=f"{rate:.0f}")
                 bar.update()
+                if self.stop_requested():
+                    self.save()
+                    bar.close()
+                    if main:
+                        print(f"distillation stopped after step {self.step}; checkpoint saved to {self.ckpt_dir} "
+                              f"(resume with --resume)", file=sys.stderr)
+                    raise KeyboardInterrupt
                 if self.step % cfg.save_every == 0:
                     self.save()
-        except KeyboardInterrupt:
-            self.save()
-            bar.close()
-            print(f"distillation interrupted at step {self.step}; checkpoint saved to {self.ckpt_dir} (resume with --resume)")
-            raise
         bar.close()
         return self.curve
 
     def save(self) -> None:
-        """Write the checkpoint next to the old one and swap it in, so a kill mid-save loses nothing."""
-        tmp = self.ckpt_dir.with_name(self.ckpt_dir.name + ".tmp")
+        """The main process writes the checkpoint next to the old one and swaps it in, so a kill mid-save loses
+        nothing; the others wait for it."""
+        if self.accelerator.is_main_process:
+            tmp, old = (self.ckpt_dir.with_name(self.ckpt_dir.name + suffix) for suffix in (".tmp", ".old"))
+            self.write(tmp)
+            if self.ckpt_dir.exists():
+                self.ckpt_dir.rename(old)
+            tmp.rename(self.ckpt_dir)
+            if old.exists():
+                shutil.rmtree(old)
+        self.accelerator.wait_for_everyone()
+
+    def write(self, tmp: Path) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
-        save_file(state_for_saving(self.accelerator.unwrap_model(self.student)), str(tmp / "student.safetensors"))
-        if self.proj is not None:
-            save_file(self.accelerator.unwrap_model(self.proj).state_dict(), str(tmp / "proj.safetensors"))
+        save_file(state_for_saving(self.model.decoder), str(tmp / "student.safetensors"))
+        if self.model.proj is not None:
+            save_file(self.model.proj.state_dict(), str(tmp / "proj.safetensors"))
         torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, tmp / "optim.pt")
-        (tmp / "state.json").write_text(json.dumps({"step": self.step, "curve": self.curve, "config": asdict(self.cfg)}))
-        old = self.ckpt_dir.with_name(self.ckpt_dir.name + ".old")
-        if self.ckpt_dir.exists():
-            self.ckpt_dir.rename(old)
-        tmp.rename(self.ckpt_dir)
-        if old.exists():
-            shutil.rmtree(old)
+        state = {"step": self.step, "curve": self.curve, "config": asdict(self.cfg),
+                 "processes": self.accelerator.num_processes}
+        (tmp / "state.json").write_text(json.dumps(state))
 
     def load(self) -> None:
-        """Continue from ckpt_dir (weights, optimizer, scheduler, step, curve); the config must match."""
+        """Continue from ckpt_dir (weights, optimizer, scheduler, step, curve); the config must match, the number of
+        processes need not (nothing in the state depends on it)."""
         state_path = self.ckpt_dir / "state.json"
         if not state_path.is_file():
             raise UserError(f"--resume: no distillation checkpoint at {self.ckpt_dir}")
         state = json.loads(state_path.read_text())
         if state["config"] != asdict(self.cfg):
             raise UserError(f"--resume: the checkpoint at {self.ckpt_dir} was made with other distillation settings")
-        student = self.accelerator.unwrap_model(self.student)
         tensors = load_file(str(self.ckpt_dir / "student.safetensors"))
-        if student.cfg.tie_word_embeddings:
+        if self.model.decoder.cfg.tie_word_embeddings:
             tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-        student.load_state_dict(tensors)
-        if self.proj is not None:
-            self.accelerator.unwrap_model(self.proj).load_state_dict(load_file(str(self.ckpt_dir / "proj.safetensors")))
+        self.model.decoder.load_state_dict(tensors)
+        if self.model.proj is not None:
+            self.model.proj.load_state_dict(load_file(str(self.ckpt_dir / "proj.safetensors")))
         optim = torch.load(self.ckpt_dir / "optim.pt", weights_only=True)
         self.optimizer.load_state_dict(optim["optimizer"])
         self.scheduler.load_state_dict(optim["scheduler"])

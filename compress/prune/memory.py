@@ -33,6 +33,7 @@ GiB = 1 << 30
 ADAMW_FP32 = 4 * 4  # weights, gradients, exp_avg, exp_avg_sq
 LOGIT_COPIES = 5  # fp32 [tokens, V]: two log-softmax outputs kept for the backward, ~3 temporaries in the KL
 CALIB_BATCH = 8  # activation_importance's batch
+DDP_BUCKETS = 4  # DDP all-reduces fp32 gradients through buckets of their size
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,7 @@ class MemoryEstimate:
     logits: int
     tokens: int  # per micro-batch
     training: bool
+    ddp: bool = False  # several processes: DDP's gradient buckets are in student_bytes
 
     @property
     def teacher(self) -> int:
@@ -63,7 +65,8 @@ class MemoryEstimate:
     def describe(self) -> str:
         """One line: 'teacher 29.9 GiB fp32, student 67.2 GiB (4.51B x 16 bytes: fp32 weights, grads, AdamW), ...'."""
         dtype = {4: "fp32", 2: "bf16", 1: "fp8"}.get(self.teacher_bytes, f"{self.teacher_bytes} bytes")
-        held = ("fp32 weights, grads, AdamW" + (", bf16 copy" if self.student_bytes > ADAMW_FP32 else "")
+        autocast = self.student_bytes - (DDP_BUCKETS if self.ddp else 0) > ADAMW_FP32
+        held = ("fp32 weights, grads, AdamW" + (", bf16 copy" if autocast else "") + (", DDP buckets" if self.ddp else "")
                 if self.training else "fp32 weights")
         return (f"teacher {size(self.teacher)} {dtype}, student {size(self.student)} "
                 f"({self.student_params / 1e9:.2f}B x {self.student_bytes} bytes: {held}), "
@@ -82,14 +85,21 @@ class MemoryEstimate:
         return "\n".join(lines)
 
 
-def check(est: MemoryEstimate, available: int, where: str) -> None:
-    """One UserError line when est does not fit in `available` bytes ('this machine has' / 'the GPU has')."""
-    if est.total <= available:
+def check(est: MemoryEstimate, available: int, where: str, copies: int = 1) -> None:
+    """One UserError line when `copies` of est (processes sharing the memory) do not fit in `available` bytes
+    ('this machine has' / 'the GPU has')."""
+    if est.total * copies <= available:
         return
     fix = ("use a GPU with more memory, or a smaller --batch-size or --seq-len (--grad-accum keeps the tokens "
            "a step)" if est.training else "use a machine with more memory")
-    raise UserError(f"prune-distill needs about {size(est.total)} ({est.describe()}); {where} "
-                    f"{size(available)} available: {fix} (docs/prune.md, Memory)")
+    if copies > 1:
+        fix = f"start fewer processes, or {fix}"
+    raise UserError(f"prune-distill needs about {size(est.total * copies)} ({times(copies)}{est.describe()}); "
+                    f"{where} {size(available)} available: {fix} (docs/prune.md, Memory)")
+
+
+def times(copies: int) -> str:
+    return f"{copies} processes x " if copies > 1 else ""
 
 
 def gib(n: int) -> str:
@@ -113,8 +123,10 @@ def per_token_layer(cfg: ModelConfig, shape: Shape, autocast: bool) -> int:
 
 
 def estimate(cfg: ModelConfig, shape: Shape, dcfg: DistillConfig | None, pcfg: PruneConfig,
-             teacher_bytes: int = 4, autocast: bool = False) -> MemoryEstimate:
-    """Memory of prune-distill from the teacher's config, the student's shape and the run's settings."""
+             teacher_bytes: int = 4, autocast: bool = False, processes: int = 1) -> MemoryEstimate:
+    """Memory of one process of prune-distill from the teacher's config, the student's shape and the run's
+    settings; across `processes` (DDP) each holds both models, its slice of the micro-batch and DDP's
+    gradient buckets (a second fp32 copy of the gradients)."""
     teacher_params, student_params = param_count(cfg, Shape.of(cfg)), param_count(cfg, shape)
     V = cfg.vocab_size
     if dcfg is None:  # prune only: both models in fp32 and one no-grad calibration batch
@@ -124,9 +136,10 @@ def estimate(cfg: ModelConfig, shape: Shape, dcfg: DistillConfig | None, pcfg: P
                               tokens, training=False)
     if dcfg.hidden_weight:  # the trained projection of the student's hidden states onto the teacher's
         student_params += shape.hidden_size * cfg.hidden_size
-    tokens = dcfg.batch_size * dcfg.seq_len
+    tokens = dcfg.batch_size // processes * dcfg.seq_len
     act = 2 if autocast else 4
     activations = tokens * (shape.num_layers + 1) * per_token_layer(cfg, shape, autocast)
     logits = tokens * V * (LOGIT_COPIES * 4 + 2 * act)
-    return MemoryEstimate(teacher_params, teacher_bytes, student_params, ADAMW_FP32 + (2 if autocast else 0),
-                          activations, logits, tokens, training=True)
+    per_param = ADAMW_FP32 + (2 if autocast else 0) + (DDP_BUCKETS if processes > 1 else 0)
+    return MemoryEstimate(teacher_params, teacher_bytes, student_params, per_param, activations, logits, tokens,
+                          training=True, ddp=processes > 1)

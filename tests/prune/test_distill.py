@@ -1,5 +1,10 @@
 """Distillation lowers the KD loss; an interrupted run resumes to the same weights as an uninterrupted one."""
 
+import json
+import os
+import signal
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -47,18 +52,19 @@ def test_interrupted_run_resumes_with_identical_state(teacher, tmp_path, monkeyp
     first = Distiller(model, student_of(model), data(), data(8), cfg(8, grad_accum=2), tmp_path / "b")
     step = first.train_step
 
-    def interrupt_after_three():
+    def ctrl_c_during_step_four():
         if first.step == 3:
-            raise KeyboardInterrupt
+            os.kill(os.getpid(), signal.SIGINT)  # lands mid-step: the step finishes, then the run saves and stops
         return step()
-    monkeypatch.setattr(first, "train_step", interrupt_after_three)
+    monkeypatch.setattr(first, "train_step", ctrl_c_during_step_four)
     with pytest.raises(KeyboardInterrupt):
         first.run()
+    assert first.step == 4
     resumed = Distiller(model, student_of(model), data(), data(8), cfg(8, grad_accum=2), tmp_path / "b")
     resumed.load()
-    assert resumed.step == 3
+    assert resumed.step == 4
     resumed.run()
-    a, b = (d.accelerator.unwrap_model(d.student).state_dict() for d in (straight, resumed))
+    a, b = (d.model.state_dict() for d in (straight, resumed))
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert [p.get("kd_loss") for p in resumed.curve] == [p.get("kd_loss") for p in straight.curve]
 
@@ -73,3 +79,38 @@ def test_resume_refuses_other_settings(teacher, tmp_path):
     other = Distiller(model, student_of(model), data(), data(8), cfg(2, temperature=2.0), tmp_path / "c")
     with pytest.raises(UserError, match="other distillation settings"):
         other.load()
+
+
+def test_resume_with_two_processes_continues_a_one_process_run(teacher, tmp_path, monkeypatch):
+    """The state holds nothing that depends on the number of processes: stop one process after step 4 of 8, finish
+    with two (DDP over gloo, each on half of every micro-batch), and land where one process lands."""
+    from safetensors.torch import load_file
+    from tests.conftest import launch
+
+    path, model = teacher
+    straight = Distiller(model, student_of(model), data(), data(8), cfg(16, grad_accum=2), tmp_path / "a")
+    straight.run()
+    first = Distiller(model, student_of(model), data(), data(8), cfg(16, grad_accum=2), tmp_path / "b")
+    step = first.train_step
+
+    def ctrl_c_during_step_four():
+        if first.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step()
+    monkeypatch.setattr(first, "train_step", ctrl_c_during_step_four)
+    with pytest.raises(KeyboardInterrupt):
+        first.run()
+    worker = Path(__file__).with_name("distill_worker.py")
+    res = launch(2, str(worker), str(path), str(tmp_path / "b"), str(tmp_path / "out"), "16")
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = load_file(tmp_path / "out" / "student.safetensors")
+    want = straight.model.state_dict()
+    assert max((got[k] - want[k]).abs().max().item() for k in want) < 1e-5
+    curve = json.loads((tmp_path / "out" / "curve.json").read_text())
+    assert [p["step"] for p in curve] == [p["step"] for p in straight.curve]
+    for a, b in zip(curve, straight.curve):
+        assert a.get("kd_loss", 0) == pytest.approx(b.get("kd_loss", 0), rel=1e-4)
+    halves = [torch.load(tmp_path / "out" / f"rows-{r}.pt", weights_only=True) for r in (0, 1)]
+    assert sorted(halves[0]) == list(range(8, 16))  # steps 5-8, two micro-batches each
+    for micro, rows in halves[0].items():  # each process trained on its half of the same global micro-batch
+        assert rows.shape[0] == 2 and torch.equal(torch.cat([rows, halves[1][micro]]), straight.batch(micro))

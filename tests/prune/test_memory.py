@@ -52,6 +52,16 @@ def test_check_refuses_in_one_line_only_when_it_does_not_fit():
     assert "this machine has 21.0 GiB available: use a GPU with more memory" in message and "\n" not in message
 
 
+def test_processes_split_the_micro_batch_and_share_the_host():
+    one = memory.estimate(LLAMA3_8B, MINITRON_4B, DistillConfig(), PCFG)
+    two = memory.estimate(LLAMA3_8B, MINITRON_4B, DistillConfig(), PCFG, processes=2)
+    assert two.tokens == one.tokens // 2 and two.activations * 2 == one.activations and two.logits * 2 == one.logits
+    assert two.student_bytes == 16 + 4 and "AdamW, DDP buckets)" in two.describe()  # no bf16 copy on CPU
+    memory.check(two, two.total, "the GPU has")  # one GPU a process
+    with pytest.raises(UserError, match=r"needs about 250.8 GiB \(2 processes x teacher .*: start fewer processes"):
+        memory.check(two, two.total, "this machine has", copies=2)
+
+
 def test_refusal_comes_before_anything_is_loaded_and_writes_nothing(tmp_path, monkeypatch):
     model = save_hf(tiny_hf("llama", num_hidden_layers=4), tmp_path / "teacher")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)

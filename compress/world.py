@@ -1,0 +1,54 @@
+"""The processes of a multi-process launch (`accelerate launch`, `torchrun`), read from the launcher's
+environment, so that a command can tell which process it is before torch.distributed is set up.
+
+Only `compress prune-distill` runs across processes; every other verb refuses a multi-process launch
+(N copies would each write the same output).
+"""
+
+import os
+from contextlib import contextmanager, redirect_stdout
+
+from compress.errors import UserError
+
+CPU_LAUNCH = ("on CPU start N processes with `accelerate launch --multi_gpu --num_processes N -m compress.cli ...` "
+              "(gloo on a machine without CUDA) or `torchrun --nproc-per-node N -m compress.cli ...`")
+
+
+def rank() -> int:
+    return int(os.environ.get("RANK", 0))
+
+
+def size() -> int:
+    return int(os.environ.get("WORLD_SIZE", 1))
+
+
+def local_size() -> int:
+    """Processes on this machine (they share its memory)."""
+    return int(os.environ.get("LOCAL_WORLD_SIZE", size()))
+
+
+def is_main() -> bool:
+    return rank() == 0
+
+
+def check_launch(verb: str) -> None:
+    """One line for launches that would not do what was asked."""
+    if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in os.environ and size() == 1:
+        # accelerate's --cpu launcher starts one process whatever --num_processes says (several only via mpirun)
+        raise UserError(f"`accelerate launch --cpu --num_processes N` starts a single process; {CPU_LAUNCH}")
+    if size() > 1 and verb != "prune-distill":
+        raise UserError(f"compress {verb} runs in one process; start it without accelerate launch or torchrun")
+    sharded = [name for name in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"]
+    if sharded:  # its sharded weights and optimizer state would need other checkpoints than ours
+        raise UserError(f"prune-distill runs data-parallel (DDP), not {sharded[0]}: launch without the "
+                        f"{sharded[0].lower()} settings (docs/prune.md, Several processes)")
+
+
+@contextmanager
+def main_speaks():
+    """Within: only the main process prints (the others would repeat it; cli.py turns their progress bars off)."""
+    if is_main():
+        yield
+        return
+    with open(os.devnull, "w") as null, redirect_stdout(null):
+        yield
