@@ -71,7 +71,7 @@ def quantize(model, method, bits, group_size, symmetric, fmt, rounding, calib_da
              outlier_threshold, outlier_topk, static_activations, smooth_alpha, dtype, output, force, verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
-    from compress.quantize import run_quantize
+    from compress.commands.quantize import run_quantize
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
                       outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
@@ -111,7 +111,7 @@ def prune_distill(model, target_params, hidden_size, intermediate_size, num_head
                   temperature, hidden_weight, eval_every, save_every, resume, seed, output, force):
     """Prune MODEL (Minitron: width and depth by activation importance) and repair it by distillation."""
     from compress.prune.config import DistillConfig, PruneConfig, parse_count
-    from compress.prune_distill import run_prune_distill
+    from compress.commands.prune_distill import run_prune_distill
 
     pcfg = PruneConfig(parse_count(target_params), hidden_size, intermediate_size, num_heads, num_kv_heads, num_layers,
                        importance, calib_samples=calib_samples, calib_seq_len=calib_seq_len, seed=seed)
@@ -138,7 +138,7 @@ def eval_(models, tasks, backend, num_fewshot, limit, batch_size, seq_len, limit
     """Evaluate one or more MODELS side by side; prints a table and records results in each compress.json."""
     from pathlib import Path
 
-    from compress.evaluate import EvalConfig, run_eval
+    from compress.commands.evaluate import EvalConfig, run_eval
 
     cfg = EvalConfig([t.strip() for t in tasks.split(",")], backend, num_fewshot, limit, seq_len, limit_tokens,
                      batch_size, None if report is None else Path(report))
@@ -156,7 +156,7 @@ def run(recipe, model, output, sets, start):
     from pathlib import Path
 
     from compress.recipe import load_recipe
-    from compress.run import run_recipe
+    from compress.commands.run import run_recipe
 
     loaded = load_recipe(Path(recipe), model, sets)
     run_recipe(loaded, Path("out") / Path(recipe).stem if output is None else output, start)
@@ -169,7 +169,7 @@ def run(recipe, model, output, sets, start):
 @click.option("--context", type=int, default=2048, show_default=True)
 def info(model, gpu, batch, context):
     """Parameters, sizes per format, KV-cache cost and the decode roofline of MODEL."""
-    from compress.info import print_info
+    from compress.commands.info import print_info
 
     print_info(model, gpu, batch, context)
 
@@ -198,7 +198,7 @@ DRAFT_VOCAB = click.option("--draft-vocab", type=int, default=None,
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, kv_cache_memory, draft, num_speculative_tokens,
              draft_vocab):
     """Generate a completion of PROMPT with MODEL on the runtime, streamed to the terminal."""
-    from compress.runtime.generate import run_generate
+    from compress.commands.generate import run_generate
 
     params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     engine = dict(kv_cache_memory=kv_cache_memory, draft=draft, num_speculative_tokens=num_speculative_tokens,

@@ -27,7 +27,7 @@ from pathlib import Path
 import yaml
 
 from compress.errors import UserError
-from compress.evaluate import EvalConfig
+from compress.commands.evaluate import EvalConfig
 from compress.models import DEFAULT_MODEL
 from compress.prune.config import DistillConfig, PruneConfig, parse_count
 from compress.quant.config import QuantConfig

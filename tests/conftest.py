@@ -79,7 +79,7 @@ def read_json(path: Path) -> dict:
 def tiny_int4_dir(tmp_path_factory, tiny_dir) -> Path:
     """tiny_dir quantized with RTN int4 (group size 64), exported as compressed-tensors."""
     from compress.quant.config import QuantConfig
-    from compress.quantize import run_quantize
+    from compress.commands.quantize import run_quantize
 
     return run_quantize(str(tiny_dir), QuantConfig(method="rtn", bits=4), str(tmp_path_factory.mktemp("quant") / "rtn-int4"))
 

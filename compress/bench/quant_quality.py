@@ -14,9 +14,9 @@ import click
 
 from compress import models
 from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
-from compress.evaluate import model_bytes
+from compress.commands.evaluate import model_bytes
 from compress.quant.config import QuantConfig
-from compress.quantize import run_quantize
+from compress.commands.quantize import run_quantize
 
 RUNS = (("rtn", 4), ("awq", 4), ("rtn", 3), ("awq", 3))
 

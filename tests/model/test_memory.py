@@ -45,7 +45,7 @@ def test_load_model_refuses(src, tiny_machine, monkeypatch):
 
 def test_quantize_refuses_and_writes_nothing(src, tiny_machine, tmp_path):
     from compress.quant.config import QuantConfig
-    from compress.quantize import run_quantize
+    from compress.commands.quantize import run_quantize
 
     with pytest.raises(UserError, match="quantizing .* with rtn needs about"):
         run_quantize(str(src), QuantConfig(method="rtn", bits=4), str(tmp_path / "out"))
@@ -53,7 +53,7 @@ def test_quantize_refuses_and_writes_nothing(src, tiny_machine, tmp_path):
 
 
 def test_perplexity_refuses(src, tiny_machine):
-    from compress.evaluate import check_memory
+    from compress.commands.evaluate import check_memory
 
     with pytest.raises(UserError, match="perplexity of tiny needs about"):
         check_memory(open_decoder(src), 2048, "tiny")

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from compress import prune_distill
+from compress.commands import prune_distill
 from compress.errors import UserError
 from compress.model.config import ModelConfig
 from compress.prune import memory

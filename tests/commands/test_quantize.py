@@ -12,7 +12,7 @@ from compress.model.lazy import keeps_dtype
 from compress.models import load_model
 from compress.quant.config import QuantConfig
 from compress.quant.export import QuantizedWriter
-from compress.quantize import run_quantize
+from compress.commands.quantize import run_quantize
 from tests.conftest import tiny_hf
 from tests.test_cli import assert_one_line_error, run
 

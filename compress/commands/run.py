@@ -56,7 +56,7 @@ def check_inputs(recipe: Recipe, model_dir: Path) -> None:
     """Fail on missing data or a quantized input model before the first stage starts."""
     from compress.calib import C4
     from compress.data import data_file
-    from compress.evaluate import check_data
+    from compress.commands.evaluate import check_data
 
     for stage in recipe.stages:
         if stage.kind == "eval":
@@ -88,16 +88,16 @@ def data_paths(stage: Stage) -> list[tuple[str, str | None]]:
 
 def run_stage(stage: Stage, sources: dict[str, str], paths: dict[str, Path], dest: Path) -> None:
     if stage.kind == "prune-distill":
-        from compress.prune_distill import run_prune_distill
+        from compress.commands.prune_distill import run_prune_distill
 
         run_prune_distill(sources[stage.inputs[0]], stage.configs["prune"], stage.configs["distill"], str(dest), force=True)
     elif stage.kind == "quantize":
-        from compress.quantize import run_quantize
+        from compress.commands.quantize import run_quantize
 
         run_quantize(sources[stage.inputs[0]], stage.configs["quantize"], str(dest), force=True)
     else:
         from compress.eval.report import write_report
-        from compress.evaluate import evaluate_one, print_table
+        from compress.commands.evaluate import evaluate_one, print_table
 
         cfg = stage.configs["eval"]
         labels = {MODEL: Path(sources[MODEL]).name}  # the input model by its name, stages by theirs

@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from tests.conftest import launch, launch_command, read_json
 from tests.test_cli import assert_one_line_error, run
-from tests.test_prune_distill import SMALL
+from tests.commands.test_prune_distill import SMALL
 
 ARGS = [*SMALL, "--importance", "magnitude", "--eval-every", "4"]
 

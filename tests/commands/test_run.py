@@ -8,7 +8,7 @@ from contextlib import redirect_stdout
 import pytest
 
 from compress.recipe import load_recipe
-from compress.run import run_recipe
+from compress.commands.run import run_recipe
 from tests.conftest import read_json
 
 RECIPE = """\
