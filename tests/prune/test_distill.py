@@ -29,6 +29,21 @@ def cfg(steps: int, **kw) -> DistillConfig:
     return DistillConfig(tokens=steps * 4 * 16, seq_len=16, batch_size=4, lr=3e-3, eval_every=1000, save_every=1000, **kw)
 
 
+def stopped_in_step_4(model, config: DistillConfig, ckpt: Path, monkeypatch) -> Distiller:
+    """A run that gets Ctrl-C during its step 4: the step finishes, then the run saves and stops."""
+    run = Distiller(model, student_of(model), data(), data(8), config, ckpt)
+    step = run.train_step
+
+    def ctrl_c_during_step_4():
+        if run.step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step()
+    monkeypatch.setattr(run, "train_step", ctrl_c_during_step_4)
+    with pytest.raises(KeyboardInterrupt):
+        run.run()
+    return run
+
+
 def test_kd_loss_is_zero_only_for_equal_distributions():
     logits = torch.randn(5, 11)
     assert kd_loss(logits, logits, 2.0).item() == pytest.approx(0, abs=1e-6)
@@ -49,17 +64,7 @@ def test_interrupted_run_resumes_with_identical_state(teacher, tmp_path, monkeyp
     straight = Distiller(model, student_of(model), data(), data(8), cfg(8, grad_accum=2), tmp_path / "a")
     straight.run()
 
-    first = Distiller(model, student_of(model), data(), data(8), cfg(8, grad_accum=2), tmp_path / "b")
-    step = first.train_step
-
-    def ctrl_c_during_step_four():
-        if first.step == 3:
-            os.kill(os.getpid(), signal.SIGINT)  # lands mid-step: the step finishes, then the run saves and stops
-        return step()
-    monkeypatch.setattr(first, "train_step", ctrl_c_during_step_four)
-    with pytest.raises(KeyboardInterrupt):
-        first.run()
-    assert first.step == 4
+    assert stopped_in_step_4(model, cfg(8, grad_accum=2), tmp_path / "b", monkeypatch).step == 4
     resumed = Distiller(model, student_of(model), data(), data(8), cfg(8, grad_accum=2), tmp_path / "b")
     resumed.load()
     assert resumed.step == 4
@@ -90,16 +95,7 @@ def test_resume_with_two_processes_continues_a_one_process_run(teacher, tmp_path
     path, model = teacher
     straight = Distiller(model, student_of(model), data(), data(8), cfg(16, grad_accum=2), tmp_path / "a")
     straight.run()
-    first = Distiller(model, student_of(model), data(), data(8), cfg(16, grad_accum=2), tmp_path / "b")
-    step = first.train_step
-
-    def ctrl_c_during_step_four():
-        if first.step == 3:
-            os.kill(os.getpid(), signal.SIGINT)
-        return step()
-    monkeypatch.setattr(first, "train_step", ctrl_c_during_step_four)
-    with pytest.raises(KeyboardInterrupt):
-        first.run()
+    stopped_in_step_4(model, cfg(16, grad_accum=2), tmp_path / "b", monkeypatch)
     worker = Path(__file__).with_name("distill_worker.py")
     res = launch(2, str(worker), str(path), str(tmp_path / "b"), str(tmp_path / "out"), "16")
     assert res.returncode == 0, res.stderr[-3000:]
