@@ -68,7 +68,7 @@ def table(rows: list[dict]) -> str:
 
 
 def run_mixed(engines: list[tuple[str, LLM]], model_dir, num_requests: int, max_prompt: int, max_new: int,
-              hf_baselines: bool) -> None:
+              with_hf: bool) -> None:
     """The mixed workload on each (name, engine), then transformers on model_dir (the first engine's model)."""
     from transformers import AutoModelForCausalLM
 
@@ -82,11 +82,11 @@ def run_mixed(engines: list[tuple[str, LLM]], model_dir, num_requests: int, max_
         preempted = engine.scheduler.num_preemptions
         rows.append(measure("compress runtime" + (f": {name}" if n else ""), lambda w, t0: ours(engine, w, t0), w))
         print(f"runtime ({name}): {engine.scheduler.num_preemptions - preempted} preemptions", flush=True)
-    if hf_baselines:
+    if with_hf:
         hf = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
         rows.append(measure("transformers generate, static batches of 16", lambda w, t0: hf_baselines.static_batches(hf, w.prompts, w.params, 16, t0), w))
         rows.append(measure("transformers continuous batching", lambda w, t0: hf_baselines.continuous(hf, w.prompts, w.params, t0), w))
     print(table(rows))
-    if hf_baselines:
+    if with_hf:
         ours_rate, hf_rate = bs1(llm, hf)
         print(f"bs=1 decode: compress {ours_rate:.1f} tok/s, transformers {hf_rate:.1f} tok/s ({ours_rate / hf_rate:.2f}x)")

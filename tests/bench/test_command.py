@@ -35,6 +35,15 @@ def test_mixed_workload_with_compare_runs_both_engines(tiny_dir, tiny_int4_dir, 
     assert "| compress runtime |" in out and f"| compress runtime: {tiny_int4_dir.name} |" in out
 
 
+def test_mixed_workload_runs_the_transformers_baselines(tiny_dir, monkeypatch, capsys):
+    code, out, err = run(monkeypatch, capsys, str(tiny_dir), "--workload", "mixed", "--requests", "2", "--max-prompt", "16",
+                         "--max-new", "16")
+    assert code == 0, err
+    for row in ("| compress runtime |", "| transformers generate, static batches of 16 |", "| transformers continuous batching |"):
+        assert row in out
+    assert "bs=1 decode: compress " in out
+
+
 @pytest.mark.parametrize("args,fragment", [
     (("--batch-sizes", "1,0"), "--batch-sizes"), (("--batch-sizes", "-8"), "--batch-sizes"),
     (("--batch-sizes", "1,x"), "--batch-sizes"), (("--gpu", "v100"), "--gpu"), (("--new-tokens", "1"), "--new-tokens"),
