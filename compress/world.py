@@ -31,13 +31,19 @@ def is_main() -> bool:
     return rank() == 0
 
 
+def one_process(what: str) -> None:
+    """One line when ``what`` (a verb, an option) was launched as several processes."""
+    if size() > 1:
+        raise UserError(f"{what} runs in one process; start it without accelerate launch or torchrun")
+
+
 def check_launch(verb: str) -> None:
     """One line for launches that would not do what was asked."""
     if os.environ.get("ACCELERATE_USE_CPU", "").lower() == "true" and "MASTER_ADDR" in os.environ and size() == 1:
         # accelerate's --cpu launcher starts one process whatever --num_processes says (several only via mpirun)
         raise UserError(f"`accelerate launch --cpu --num_processes N` starts a single process; {CPU_LAUNCH}")
-    if size() > 1 and verb != "prune-distill":
-        raise UserError(f"compress {verb} runs in one process; start it without accelerate launch or torchrun")
+    if verb != "prune-distill":
+        one_process(f"compress {verb}")
     sharded = [name for name in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"]
     if sharded:  # its sharded weights and optimizer state would need other checkpoints than ours
         raise UserError(f"prune-distill runs data-parallel (DDP), not {sharded[0]}: launch without the "
@@ -46,7 +52,7 @@ def check_launch(verb: str) -> None:
 
 @contextmanager
 def main_speaks():
-    """Within: only the main process prints (the others would repeat it; cli.py turns their progress bars off)."""
+    """Within: only the main process prints (the others would repeat it; program.py turns their progress bars off)."""
     if is_main():
         yield
         return

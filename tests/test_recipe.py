@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from compress.cli import cli, run_command
+from compress.cli import cli
+from compress.program import run_command
 from compress.recipe import load_recipe
 from tests.conftest import save_hf, tiny_hf
 

@@ -133,6 +133,6 @@ def main(model, num_fewshot, limit, subjects, hf_batch_size, state, summary):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

@@ -61,6 +61,6 @@ def main(model, method, bits, blocks, calib_samples, calib_seq_len):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)  # one line for bad input, freed memory returned as in `compress`

@@ -136,6 +136,6 @@ def main(model, out, limit_tokens, calib_samples, outlier_threshold, smooth_alph
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

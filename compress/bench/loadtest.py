@@ -160,6 +160,6 @@ def main(model, clients, max_prompt, max_new, kv_fraction, seed, out):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

@@ -56,6 +56,6 @@ def main(model, out, limit_tokens, group_size):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

@@ -180,6 +180,6 @@ def main(shape, out_dir, shard_bytes, seed):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

@@ -239,6 +239,6 @@ def main(shapes, steps, skip, work, shard_bytes, out, dry_run):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

@@ -59,6 +59,6 @@ def main(model, limit, num_fewshot, concurrency):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

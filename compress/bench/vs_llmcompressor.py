@@ -101,6 +101,6 @@ def main(model, out, calib_samples, calib_seq_len, limit_tokens):
 
 
 if __name__ == "__main__":
-    from compress.cli import run_command
+    from compress.program import run_command
 
     run_command(main)

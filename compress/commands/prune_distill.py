@@ -86,9 +86,9 @@ def run_prune_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None,
 def prune_and_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None, output: str, force: bool,
                       resume: bool) -> Path:
     outdir.check_target(output, force)  # an empty or unwritable -o fails before any work
-    if world.size() > 1 and dcfg is None:
-        raise UserError("--no-distill runs in one process; start it without accelerate launch or torchrun")
-    if dcfg is not None:
+    if dcfg is None:
+        world.one_process("--no-distill")
+    else:
         dcfg.check_processes(world.size())
     out = Path(output).expanduser()
     src = models.resolve(model)
