@@ -200,10 +200,11 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, k
 @click.argument("model")
 @click.option("--workload", type=click.Choice(["batches", "mixed", "all"]), default="batches", show_default=True,
               help="batches: the batch-size sweep and its roofline; mixed: a seeded mixed workload vs transformers")
-@click.option("--batch-sizes", default="1,8,32", show_default=True, help="batches: requests decoded together")
+@click.option("--batch-sizes", default=None, help="batches: requests decoded together [default: 1,8,32; with --llamacpp 1,8]")
 @click.option("--prompt-len", type=int, default=64, show_default=True, help="batches: prompt tokens of every request")
 @click.option("--new-tokens", type=int, default=64, show_default=True, help="batches: tokens generated per request")
-@click.option("--repeats", type=int, default=1, show_default=True, help="batches: runs of each batch size, the fastest kept")
+@click.option("--repeats", type=int, default=None,
+              help="batches: runs of each batch size, the fastest kept [default: 1; with --llamacpp 3]")
 @click.option("--gpu", default="h100", show_default=True, help="datasheet GPU for the second bound: h100, h200, a100, rtx4090")
 @click.option("--compare", default=None, help="another MODEL, run in the same process; ratios are it / MODEL")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None, help="batches: write tok/s vs batch size with the bounds (PNG)")
@@ -219,18 +220,19 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, k
 @DRAFT_VOCAB
 @click.option("--temperature", type=float, default=0.0, show_default=True,
               help="with --draft: 0 = greedy (outputs must equal the target's), else seeded sampling")
+@click.option("--llamacpp", metavar="GGUF", default=None,
+              help="instead: llama.cpp's batch-1 decode of GGUF against MODEL's, interleaved (pip install 'compress[llamacpp]')")
 def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, compare, plot, requests, max_prompt, max_new, no_hf,
-          kv_cache_memory, max_num_batched_tokens, draft, num_speculative_tokens, draft_vocab, temperature):
+          kv_cache_memory, max_num_batched_tokens, draft, num_speculative_tokens, draft_vocab, temperature, llamacpp):
     """TTFT, inter-token latency and decode tok/s by batch size beside the memory-bandwidth roofline; a mixed workload vs transformers."""
     from pathlib import Path
 
-    from compress.bench.command import BenchConfig, run_benchmark
-    from compress.bench.sweep import SweepConfig, parse_batch_sizes
+    from compress.bench.command import BenchConfig, run_benchmark, sweep_config
 
-    sweep = SweepConfig(parse_batch_sizes(batch_sizes), prompt_len, new_tokens, repeats)
+    sweep = sweep_config(batch_sizes, prompt_len, new_tokens, repeats, llamacpp is not None)
     cfg = BenchConfig(workload, sweep, gpu, compare, Path(plot) if plot else None, not no_hf, requests, max_prompt, max_new,
                       kv_cache_memory, max_num_batched_tokens, drafts=draft, num_speculative_tokens=num_speculative_tokens,
-                      draft_vocab=draft_vocab, temperature=temperature)
+                      draft_vocab=draft_vocab, temperature=temperature, llamacpp=Path(llamacpp) if llamacpp else None)
     run_benchmark(model, cfg)
 
 

@@ -4,6 +4,11 @@ Imports only the standard library.
 The CPU kernels (``*_cpu.py``) are small C functions called through ctypes: no Python extension
 build, no new package, only a C compiler (``$CC``, else ``cc`` or ``gcc``) at first use. Where none
 works, or with ``COMPRESS_CPU_KERNELS=0``, ``load`` returns None and callers run torch ops.
+
+Vector width: every source starts with ``PREAMBLE``, which picks the widest vectors the target has
+(16 floats with AVX-512, 8 with AVX/AVX2, 4 on NEON and anything else). ``COMPRESS_CPU_ISA=avx2``
+builds without AVX-512 (``-mno-avx512f``) on an AVX-512 host: the other x86 path, for tests and
+comparisons; the library is cached apart from the native one.
 """
 
 import ctypes
@@ -20,6 +25,31 @@ from pathlib import Path
 FLAGS = ["-O3", "-march=native", "-fno-math-errno", "-fno-trapping-math", "-fassociative-math", "-fno-signed-zeros",
          "-shared", "-fPIC"]
 OPENMP = ["-fopenmp"]
+# GCC and Clang vectorize loops 256 bits wide even where AVX-512 is there unless asked; the flag is x86-only.
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
+WIDE = ["-mprefer-vector-width=512"] if X86 else []
+ISAS = {"native": [], "avx2": ["-mno-avx512f"]}  # COMPRESS_CPU_ISA: extra flags on top of -march=native
+
+PREAMBLE = r"""
+#include <stddef.h>
+#if defined(__AVX512F__)
+#define VW 16
+#elif defined(__AVX__)
+#define VW 8
+#else
+#define VW 4
+#endif
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4)));  /* an unaligned load or store */
+
+static inline float hsum(vf v) {
+    float s = 0.f;
+    for (int l = 0; l < VW; l++) s += v[l];
+    return s;
+}
+
+int vector_width(void) { return VW; }  /* floats per vector in this build (tests, reports) */
+"""
 
 
 def cache_dir() -> Path:
@@ -27,7 +57,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("COMPRESS_CACHE", Path.home() / ".cache" / "compress")) / "kernels"
 
 
-def _machine() -> str:
+def isa() -> str:
+    """The build variant COMPRESS_CPU_ISA asks for (default "native")."""
+    name = os.environ.get("COMPRESS_CPU_ISA", "native")
+    if name not in ISAS:
+        raise ValueError(f"COMPRESS_CPU_ISA must be one of {', '.join(ISAS)}, got {name!r}")
+    return name
+
+
+def flags() -> list[str]:
+    """The compiler flags of this process's builds (OpenMP added where the compiler has it)."""
+    return [*FLAGS, *WIDE, *ISAS[isa()]]
+
+
+def machine() -> str:
     """What -march=native compiles for: a library built on one CPU must not load on another."""
     cpuinfo = Path("/proc/cpuinfo")
     if cpuinfo.exists():
@@ -36,32 +79,34 @@ def _machine() -> str:
     return platform.machine() + platform.processor()
 
 
-def _compile(cc: str, source: str, target: Path) -> bool:
+def _compile(cc: str, source: str, target: Path, build_flags: list[str]) -> bool:
     """Build into a temporary file and move it into place: never a half-written library."""
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         src, lib = Path(tmp) / "kernel.c", Path(tmp) / target.name
         src.write_text(source)
         for extra in (OPENMP, []):  # a compiler without OpenMP still builds a one-thread kernel
-            if subprocess.run([cc, *FLAGS, *extra, str(src), "-o", str(lib)], capture_output=True).returncode == 0:
+            if subprocess.run([cc, *build_flags, *extra, str(src), "-o", str(lib)], capture_output=True).returncode == 0:
                 os.replace(lib, target)
                 return True
     return False
 
 
-def load(name: str, source: str, symbol: str, argtypes: list, restype=None) -> ctypes.CDLL | None:
-    """The library built from ``source`` (built now unless cached), its function ``symbol`` typed
-    with ``argtypes`` and ``restype``; None where it cannot be built."""
+def load(name: str, source: str, symbols: dict[str, tuple[list, object]]) -> ctypes.CDLL | None:
+    """The library built from ``PREAMBLE + source`` (built now unless cached), each function of
+    ``symbols`` typed as ``{name: (argtypes, restype)}``; None where it cannot be built."""
     cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if os.environ.get("COMPRESS_CPU_KERNELS", "1") == "0" or cc is None:
         return None
-    key = hashlib.sha256("\0".join([source, *FLAGS, cc, _machine()]).encode()).hexdigest()[:16]
+    source, build_flags = PREAMBLE + source, flags()
+    key = hashlib.sha256("\0".join([source, *build_flags, cc, machine()]).encode()).hexdigest()[:16]
     path = cache_dir() / f"{name}-{key}.so"
-    if not path.exists() and not _compile(cc, source, path):
+    if not path.exists() and not _compile(cc, source, path, build_flags):
         return None
     lib = ctypes.CDLL(str(path))
-    fn = getattr(lib, symbol)
-    fn.argtypes, fn.restype = argtypes, restype
+    for symbol, (argtypes, restype) in symbols.items():
+        fn = getattr(lib, symbol)
+        fn.argtypes, fn.restype = argtypes, restype
     return lib
 
 

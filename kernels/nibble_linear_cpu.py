@@ -1,17 +1,20 @@
 """y = x dequant(W)^T (+ b) on CPU, fp32 activations, for group-quantized int4/int3 W: a small C GEMM
-built by ``cpu_build`` over codes held as 4-bit nibbles. Imports only torch, the standard library,
-the shared checks (torch and triton) and ``linear_cpu``'s panel layout.
+built by ``cpu_build`` over codes held as 4-bit nibbles, and ``dequantize`` (W to dense fp32, for a
+caller that runs torch's GEMM at large row counts). Imports only torch, the standard library and
+the shared checks (torch and triton).
 
-Why: the fp32 C GEMM (``linear_cpu``) reads 4 bytes per weight, and at 1-8 rows that read is the
-step's cost. Here a weight is half a byte plus its group's scale and offset, so a decode step of an
-int4/int3 model reads ~6x fewer bytes; the codes are turned into floats in registers, a cost paid
-once per tile of up to 6 rows. int3 codes are stored as nibbles too (same speed, same memory as int4).
+Why: the fp32 GEMM reads 4 bytes per weight, and at 1-16 rows that read is the step's cost. Here a
+weight is half a byte plus its group's scale and offset (~5 bits at g64). Up to 4 rows (decode) the
+tile is the fp32 kernel's (``linear_cpu``: RM rows of x by RN rows of W, vectors of the host's width
+along I) with each W vector turned into floats in registers, ``q * scale + offset``, and used for
+every row; with more rows each block of W is dequantized once per call into an L1 buffer and the
+fp32 tile runs over it. int3 codes are stored as nibbles too (same speed, same memory as int4).
 
-Layout (``pack``), 16 output rows a panel as in ``linear_cpu``:
-  codes   uint8 [P, I, 8]: byte (c, i, j) = q[16c + j, i] | q[16c + 8 + j, i] << 4
-  scales  fp32  [P, G, 16]: s of rows 16c..16c+15 in group g
-  offsets fp32  [P, G, 16]: -z * s, so that w = q * s + offset
-and per group y += s * sum_i q_i x_i + offset * sum_i x_i, with sum_i x_i computed once per call.
+Layout (``pack``), row-major like the weight, 32 codes of a row in 16 bytes:
+  codes   uint8 [O, I/2]: byte (o, 16c + j) = q[o, 32c + j] | q[o, 32c + 16 + j] << 4
+  scales  fp32  [O, G]: s per row and group
+  offsets fp32  [O, G]: -z * s, so that w = q * s + offset
+I and the group size must be multiples of 32 (``supports``): a group is whole 16-byte chunks.
 """
 
 import ctypes
@@ -21,91 +24,140 @@ import torch
 
 from compress.kernels import cpu_build
 from compress.kernels.checks import check_bias
-from compress.kernels.linear_cpu import PANEL, panels_of
+from compress.kernels.linear_cpu import TILE
 
-SOURCE = r"""
-#include <stddef.h>
+CHUNK = 32  # codes per 16 bytes
+Packed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (codes, scales, offsets) as pack() returns them
+
+SOURCE = TILE + r"""
 #include <stdlib.h>
-#include <string.h>
-
-typedef float v8 __attribute__((vector_size(32)));
-typedef float v8u __attribute__((vector_size(32), aligned(4)));
-typedef unsigned char u8x8 __attribute__((vector_size(8), aligned(1)));
-typedef int i8 __attribute__((vector_size(32)));
-
-/* 8 bytes zero-extended to 8 int32 lanes. GCC turns the portable form into 8 scalar loads; on x86 one
-   vpmovzxbd does it (the loop ran ~3x faster with it). */
 #if defined(__AVX2__)
 #include <immintrin.h>
-static inline i8 widen(const unsigned char *p) { return (i8)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p)); }
-#else
-static inline i8 widen(const unsigned char *p) { return __builtin_convertvector(*(const u8x8 *)p, i8); }
 #endif
+/* The in-register tile: AVX-512 4 x 4 (16 accumulators, 4 weights, 8 scales and offsets); 16 registers: 4 x 2. */
+#if VW == 16 || defined(__aarch64__)
+#define NRN 4
+#else
+#define NRN 2
+#endif
+#define HALF (16 / VW)  /* vectors per nibble half of a chunk */
 
-#define ACC(r) v8 a##r##0 = {0}, a##r##1 = {0}, b##r##0 = {0}, b##r##1 = {0};
-#define FMA(r, acc, k) if (NR > r) { const float t = x[(size_t)(r) * I + (k)]; acc##r##0 += t * w0; acc##r##1 += t * w1; }
-#define WEIGHTS(k) const i8 c = widen(q + (size_t)(k) * 8); \
-    const v8 w0 = __builtin_convertvector(c & 15, v8), w1 = __builtin_convertvector(c >> 4, v8);
-#define STEP(acc, k) { WEIGHTS(k) FMA(0, acc, k) FMA(1, acc, k) FMA(2, acc, k) FMA(3, acc, k) FMA(4, acc, k) FMA(5, acc, k) }
-/* The group's sums go into the output tile, which stays in L1: registers hold only accumulators. */
-#define FOLD(r) if (NR > r) { const float t = xs[(size_t)(r) * G + g]; v8u *yr = (v8u *)(y + (size_t)(r) * ys); \
-    yr[0] += s0 * (a##r##0 + b##r##0) + o0 * t; yr[1] += s1 * (a##r##1 + b##r##1) + o1 * t; }
-/* A tile of NR <= 6 rows of x times one panel. With 1-2 rows, odd and even inputs go to separate
-   accumulators (a, b): one chain per vector would wait on the FMA latency (1 row: 4 cycles a step
-   instead of ~2). From 3 rows on the rows' chains hide it, and 6 rows fill 12 of the 16 registers. */
-#define TILE(ROWS) \
-static void tile##ROWS(const float *x, const float *xs, const unsigned char *q, const float *sc, const float *of, \
-                       float *y, int I, int G, int gs, int ys) { \
-    enum { NR = ROWS, SPLIT = ROWS <= 2 }; \
-    for (int r = 0; r < NR; r++) memset(y + (size_t)r * ys, 0, 16 * sizeof(float)); \
-    for (int g = 0; g < G; g++) { \
-        ACC(0) ACC(1) ACC(2) ACC(3) ACC(4) ACC(5) \
-        const int end = (g + 1) * gs; \
-        int i = g * gs; \
-        if (SPLIT) for (; i + 1 < end; i += 2) { STEP(a, i) STEP(b, i + 1) } \
-        for (; i < end; i++) STEP(a, i) \
-        const v8 s0 = *(const v8u *)(sc + (size_t)g * 16), s1 = *(const v8u *)(sc + (size_t)g * 16 + 8); \
-        const v8 o0 = *(const v8u *)(of + (size_t)g * 16), o1 = *(const v8u *)(of + (size_t)g * 16 + 8); \
-        FOLD(0) FOLD(1) FOLD(2) FOLD(3) FOLD(4) FOLD(5) \
-    } \
+typedef int vi __attribute__((vector_size(VW * 4)));
+typedef unsigned char u8v __attribute__((vector_size(VW), aligned(1)));
+
+/* VW bytes zero-extended to VW int32 lanes: one vpmovzxbd on x86 (GCC's portable form is a load per byte). */
+static inline vi widen(const unsigned char *p) {
+#if VW == 16
+    return (vi)_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p));
+#elif VW == 8 && defined(__AVX2__)
+    return (vi)_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+#else
+    return __builtin_convertvector(*(const u8v *)p, vi);
+#endif
 }
-TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6)
 
-typedef void (*tile_fn)(const float *, const float *, const unsigned char *, const float *, const float *,
-                        float *, int, int, int, int);
-static const tile_fn TILES[7] = {0, tile1, tile2, tile3, tile4, tile5, tile6};
+/* Weights v*VW .. v*VW + VW - 1 of the 32 in the 16-byte chunk at p, as floats (low nibbles first). */
+static inline vf piece(const unsigned char *p, int v, float s, float o) {
+    const vi lanes = widen(p + (v % HALF) * VW);
+    const vi q = v < HALF ? lanes & 15 : lanes >> 4;
+    return __builtin_convertvector(q, vf) * s + o;
+}
 
-/* y [M, O] = x [M, I] @ dequant(W)^T with W as (codes, scales, offsets) above; gs = I / G. */
-int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
-           int M, int O, int I, int G, int threads) {
-    const int gs = I / G, panels = (O + 15) / 16;
-    float *xs = malloc(sizeof(float) * ((size_t)M * G + 1));  /* [M, G] per-group sums of x (+1: never malloc(0)) */
-    if (!xs) return 1;
-    for (int m = 0; m < M; m++)
-        for (int g = 0; g < G; g++) {
-            float t = 0;
-            for (int i = g * gs; i < (g + 1) * gs; i++) t += x[(size_t)m * I + i];
-            xs[(size_t)m * G + g] = t;
+/* w [rn, K] (rows ws floats apart) = dequant of rows of q (I/2 bytes apart) from group g0, K / gs groups. */
+static void dequant_rows(const unsigned char *q, const float *sc, const float *of, float *w, int ws, int rn,
+                         int I, int G, int gs, int g0, int K) {
+    for (int n = 0; n < rn; n++)
+        for (int k = 0; k < K; k += 32) {
+            const int g = g0 + k / gs;
+            const float s = sc[(size_t)n * G + g], f = of[(size_t)n * G + g];
+            for (int v = 0; v < 32 / VW; v++)
+                *(vfu *)(w + (size_t)n * ws + k + v * VW) = piece(q + (size_t)n * (I / 2) + (size_t)g0 * gs / 2 + k / 2, v, s, f);
         }
-#pragma omp parallel for num_threads(threads) schedule(static)
-    for (int c = 0; c < panels; c++) {
-        const unsigned char *qc = q + (size_t)c * I * 8;
-        const float *sc_c = sc + (size_t)c * G * 16, *of_c = of + (size_t)c * G * 16;
-        const int cols = O - c * 16 < 16 ? O - c * 16 : 16;
-        for (int m = 0; m < M; m += 6) {
-            const int rows = M - m < 6 ? M - m : 6;
-            const float *xm = x + (size_t)m * I, *xsm = xs + (size_t)m * G;
-            if (cols == 16) {
-                TILES[rows](xm, xsm, qc, sc_c, of_c, y + (size_t)m * O + c * 16, I, G, gs, O);
-            } else {  /* the ragged last panel: through a scratch tile, so padding is never stored */
-                float t[6 * 16];
-                TILES[rows](xm, xsm, qc, sc_c, of_c, t, I, G, gs, 16);
-                for (int r = 0; r < rows; r++) memcpy(y + (size_t)(m + r) * O + c * 16, t + r * 16, cols * sizeof(float));
+}
+
+/* At most RM rows: y[r, n] = x[r, :] . dequant(w)[n, :], each W vector dequantized in registers once and
+   used for every row (nothing written but y). Rows of x are I floats apart, of q I/2 bytes, of sc and of G. */
+static inline __attribute__((always_inline)) void ntile(const float *x, const unsigned char *q, const float *sc,
+        const float *of, float *y, int I, int G, int gs, int ys, const int rm, const int rn) {
+    vf acc[RM][NRN];
+    for (int r = 0; r < rm; r++)
+        for (int n = 0; n < rn; n++) acc[r][n] = (vf){0};
+    for (int g = 0; g < G; g++) {
+        float s[NRN], o[NRN];
+        for (int n = 0; n < rn; n++) s[n] = sc[(size_t)n * G + g], o[n] = of[(size_t)n * G + g];
+        for (int k = g * gs; k < (g + 1) * gs; k += 32)
+            for (int v = 0; v < 32 / VW; v++) {
+                vf wv[NRN];
+                for (int n = 0; n < rn; n++) wv[n] = piece(q + (size_t)n * (I / 2) + k / 2, v, s[n], o[n]);
+                for (int r = 0; r < rm; r++) {
+                    const vf xv = *(const vfu *)(x + (size_t)r * I + k + v * VW);
+                    for (int n = 0; n < rn; n++) acc[r][n] += xv * wv[n];
+                }
+            }
+    }
+    for (int r = 0; r < rm; r++)
+        for (int n = 0; n < rn; n++) y[(size_t)r * ys + n] = hsum(acc[r][n]);
+}
+
+#define NCASE(a, b) case a * 8 + b: if (a <= RM && b <= NRN) ntile(x, q, sc, of, y, I, G, gs, ys, a, b); break;
+#define NCASES(a) NCASE(a, 1) NCASE(a, 2) NCASE(a, 3) NCASE(a, 4)
+static void any_ntile(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
+                      int I, int G, int gs, int ys, int rm, int rn) {
+    switch (rm * 8 + rn) { NCASES(1) NCASES(2) NCASES(3) NCASES(4) }
+}
+
+/* y[:, o0:o1] of y [M, O] = x [M, I] @ dequant(W)^T. Up to RM rows: the in-register tile. More: each block
+   of RN rows x KC inputs of W is dequantized once into wb (L1) and the fp32 tile runs over it for every row
+   of x, so the dequantization is paid once per call, not once per RM rows (blocks as in linear_cpu). */
+static int nrows(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
+                 int M, int O, int I, int G, int o0, int o1) {
+    const int gs = I / G;
+    if (M <= RM) {
+        for (int o = o0; o < o1; o += NRN)
+            any_ntile(x, q + (size_t)o * (I / 2), sc + (size_t)o * G, of + (size_t)o * G, y + o, I, G, gs, O,
+                      M, o1 - o < NRN ? o1 - o : NRN);
+        return 0;
+    }
+    const int kc = ((KC < I ? KC : I) + gs - 1) / gs * gs;  /* whole groups */
+    int mc = XBLOCK / kc;
+    mc = mc < RM ? RM : mc - mc % RM;
+    float *wb = malloc(sizeof(float) * RN * kc);
+    if (!wb) return 1;
+    for (int k0 = 0; k0 < I; k0 += kc) {
+        const int K = I - k0 < kc ? I - k0 : kc;
+        for (int m0 = 0; m0 < M; m0 += mc) {
+            const int m1 = M - m0 < mc ? M : m0 + mc;
+            for (int o = o0; o < o1; o += RN) {
+                const int rn = o1 - o < RN ? o1 - o : RN;
+                dequant_rows(q + (size_t)o * (I / 2), sc + (size_t)o * G, of + (size_t)o * G, wb, K, rn, I, G, gs, k0 / gs, K);
+                for (int m = m0; m < m1; m += RM)
+                    any_tile(x + (size_t)m * I + k0, I, wb, K, y + (size_t)m * O + o, O, K, k0 > 0, m1 - m < RM ? m1 - m : RM, rn);
             }
         }
     }
-    free(xs);
+    free(wb);
     return 0;
+}
+
+int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
+           int M, int O, int I, int G, int threads) {
+    const int rn = M <= RM ? NRN : RN, blocks = (O + rn - 1) / rn;
+    int failed = 0;
+    if (threads > blocks) threads = blocks;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++) {
+        int o0, o1;
+        share(O, rn, t, threads, &o0, &o1);
+        if (nrows(x, q, sc, of, y, M, O, I, G, o0, o1)) failed = 1;
+    }
+    return failed;
+}
+
+/* w [O, I] = dequant(W). */
+void dequantize(const unsigned char *q, const float *sc, const float *of, float *w, int O, int I, int G, int threads) {
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int o = 0; o < O; o++)
+        dequant_rows(q + (size_t)o * (I / 2), sc + (size_t)o * G, of + (size_t)o * G, w + (size_t)o * I, I, 1, I, G, I / G, 0, I);
 }
 """
 
@@ -113,50 +165,86 @@ int linear(const float *x, const unsigned char *q, const float *sc, const float 
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
-    return cpu_build.load("nibble_linear", SOURCE, "linear", [ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int)
+    return cpu_build.load("nibble_linear", SOURCE, {
+        "linear": ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int),
+        "dequantize": ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, None),
+    })
 
 
-def supports(scale: torch.Tensor) -> bool:
-    """Whether weights with this scale [O, G] can run here: on CPU, with the kernel built."""
-    return scale.device.type == "cpu" and load() is not None
+def supports(scale: torch.Tensor, in_features: int) -> bool:
+    """Whether weights with this scale [O, G] and in_features can run here: on CPU, whole 32-code
+    chunks per group, with the kernel built."""
+    groups = scale.shape[-1]
+    return scale.device.type == "cpu" and in_features % groups == 0 and (in_features // groups) % CHUNK == 0 and load() is not None
 
 
-def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """codes uint8 [O, I] in [0, 16), scale and zero [O, G] -> (codes [P, I, 8] uint8, scales, offsets [P, G, 16] fp32)."""
+def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Packed:
+    """codes uint8 [O, I] in [0, 16), scale and zero [O, G] -> (codes [O, I/2] uint8, scales, offsets [O, G] fp32)."""
     if codes.dim() != 2 or scale.shape != zero.shape or scale.shape[0] != codes.shape[0] or codes.shape[1] % scale.shape[1]:
-        raise ValueError(f"codes {list(codes.shape)}, scale {list(scale.shape)} and zero {list(zero.shape)} do not describe one grouped weight")
+        raise ValueError(f"codes {list(codes.shape)}, scale {list(scale.shape)} and zero {list(zero.shape)} "
+                         "do not describe one grouped weight")
+    if (codes.shape[1] // scale.shape[1]) % CHUNK:
+        raise ValueError(f"the group size ({codes.shape[1] // scale.shape[1]}) must be a multiple of {CHUNK}")
     if codes.dtype != torch.uint8 or int(codes.max()) > 15:
         raise ValueError("codes must be uint8 values below 16 (int4 or int3)")
-    p = panels_of(codes)  # [P, I, 16]
-    nibbles = p[..., :8] | (p[..., 8:] << 4)  # [P, I, 8]
-    s = scale.float()
-    return nibbles.contiguous(), panels_of(s), panels_of(-zero.float() * s)
+    chunks = codes.view(codes.shape[0], -1, 2, CHUNK // 2)  # [O, I/32, 2 halves, 16]
+    nibbles = chunks[:, :, 0] | (chunks[:, :, 1] << 4)  # [O, I/32, 16]
+    s = scale.float().contiguous()
+    return nibbles.reshape(codes.shape[0], -1).contiguous(), s, (-zero.float() * s).contiguous()
 
 
-def linear(x: torch.Tensor, packed: tuple[torch.Tensor, torch.Tensor, torch.Tensor], out_features: int,
-           bias: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., O] = x [..., I] @ dequant(W)^T (+ bias [O]), fp32, with packed = pack(codes, scale, zero)."""
+def _check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
     codes, scales, offsets = packed
-    panels, in_features, groups = -(-out_features // PANEL), codes.shape[1], scales.shape[1]
-    if codes.shape != (panels, in_features, 8) or scales.shape != (panels, groups, PANEL) or offsets.shape != scales.shape:
-        raise ValueError(f"packed shapes {[list(t.shape) for t in packed]} do not hold {out_features} output rows: use pack()")
-    if groups == 0 or in_features % groups:
-        raise ValueError(f"{groups} groups do not divide {in_features} input features")
+    out_features, in_features, groups = codes.shape[0], 2 * codes.shape[1], scales.shape[1]
+    if codes.dim() != 2 or scales.shape != (out_features, groups) or offsets.shape != scales.shape:
+        raise ValueError(f"packed shapes {[list(t.shape) for t in packed]} do not describe one weight: use pack()")
+    if groups == 0 or in_features % groups or (in_features // groups) % CHUNK:
+        raise ValueError(f"{groups} groups do not cut {in_features} input features into multiples of {CHUNK}")
     if x.shape[-1] != in_features:
         raise ValueError(f"x must end in {in_features} features, got shape {list(x.shape)}")
     if x.dtype != torch.float32 or codes.dtype != torch.uint8 or scales.dtype != torch.float32 or offsets.dtype != torch.float32:
-        raise ValueError(f"x, scales, offsets must be torch.float32 and codes torch.uint8, got {x.dtype}, {scales.dtype}, {offsets.dtype}, {codes.dtype}")
+        raise ValueError(f"x, scales, offsets must be torch.float32 and codes torch.uint8, "
+                         f"got {x.dtype}, {scales.dtype}, {offsets.dtype}, {codes.dtype}")
     if not (x.is_cpu and codes.is_cpu and scales.is_cpu and offsets.is_cpu):
         raise ValueError(f"x and the packed weight must be on the CPU, got {x.device} and {codes.device}")
     check_bias(bias, out_features, torch.float32)
-    rows = x.reshape(-1, in_features).contiguous()  # [M, I]
-    y = torch.empty(rows.shape[0], out_features, dtype=torch.float32)  # [M, O]
-    status = cpu_build.require(load()).linear(
-        rows.data_ptr(), codes.contiguous().data_ptr(), scales.contiguous().data_ptr(), offsets.contiguous().data_ptr(),
-        y.data_ptr(), rows.shape[0], out_features, in_features, groups, torch.get_num_threads(),
-    )
-    if status:
-        raise MemoryError("the int4 CPU kernel could not allocate its per-group sums")
+
+
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., O] = x [..., I] @ dequant(W)^T (+ bias [O]), fp32, with packed = pack(codes, scale, zero)."""
+    _check(x, packed, bias)
+    return unchecked(x, tuple(t.contiguous() for t in packed), bias)
+
+
+def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear`` without its checks, for a caller that made sure once that they pass and that the
+    packed tensors are contiguous (the runtime's Linears)."""
+    codes, scales, offsets = packed
+    out_features, half = codes.shape
+    x = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty(x.shape[:-1] + (out_features,), dtype=torch.float32)  # [..., O]
+    rows = x.numel() // (2 * half)
+    if rows and out_features:
+        failed = cpu_build.require(load()).linear(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
+                                                  y.data_ptr(), rows, out_features, 2 * half, scales.shape[1], torch.get_num_threads())
+        if failed:
+            raise MemoryError("the int4 CPU kernel could not allocate its dequantized weight block")
     if bias is not None:
         y += bias
-    return y.view(*x.shape[:-1], out_features)
+    return y
+
+
+def dequantize(packed: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
+    """W [O, I] fp32 of packed = pack(...), written into ``out`` (a contiguous fp32 buffer of at least
+    O * I elements, e.g. a scratch buffer reused across calls) where given."""
+    codes, scales, offsets = packed
+    out_features, in_features = codes.shape[0], 2 * codes.shape[1]
+    if out is None:
+        out = torch.empty(out_features * in_features, dtype=torch.float32)
+    if out.dtype != torch.float32 or not out.is_contiguous() or out.numel() < out_features * in_features:
+        raise ValueError(f"out must be a contiguous float32 buffer of at least {out_features * in_features} elements")
+    w = out.view(-1)[:out_features * in_features].view(out_features, in_features)
+    if w.numel():
+        cpu_build.require(load()).dequantize(codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(), w.data_ptr(),
+                                             out_features, in_features, scales.shape[1], torch.get_num_threads())
+    return w

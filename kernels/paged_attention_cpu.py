@@ -117,7 +117,8 @@ int paged_attention(const float *q, const float *kc, const float *vc, const int3
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
-    return cpu_build.load("paged_attention", SOURCE, "paged_attention", [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int], ctypes.c_int)
+    argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+    return cpu_build.load("paged_attention", SOURCE, {"paged_attention": (argtypes, ctypes.c_int)})
 
 
 def supports(t: torch.Tensor) -> bool:

@@ -1,4 +1,5 @@
-"""`compress bench MODEL`: the batch sweep beside its roofline, the mixed workload against transformers, --compare.
+"""`compress bench MODEL`: the batch sweep beside its roofline, the mixed workload against transformers, --compare,
+--llamacpp (batch-1 decode of llama.cpp on a GGUF against ours: compress/bench/llamacpp.py).
 
 The roofline of a decode step at batch B: it reads the weights once and each sequence's KV cache
 (context tokens), so tokens/s <= B x bandwidth / (weight bytes + B x KV bytes). "This machine"
@@ -16,7 +17,7 @@ import torch
 from compress.bench.bandwidth import copy_bandwidth
 from compress.bench.footprint import Footprint, footprint, tensor_bytes
 from compress.bench.mixed import check_mixed, run_mixed
-from compress.bench.sweep import BatchResult, SweepConfig, sweep
+from compress.bench.sweep import BatchResult, SweepConfig, parse_batch_sizes, sweep
 from compress.errors import UserError
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
@@ -29,6 +30,10 @@ from compress.runtime.ngram_drafter import NGRAM
 WORKLOADS = ("batches", "mixed", "all")
 PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 MiB = 2**20
+# What --batch-sizes and --repeats default to; --llamacpp's are the batch sizes of issue 26's targets (batch 1 and 8
+# against llama.cpp's batch 1) and the fastest of 3 runs, as its comparison is made on a shared machine
+SWEEP_DEFAULTS = dict(batch_sizes="1,8,32", repeats=1)
+LLAMACPP_DEFAULTS = dict(batch_sizes="1,8", repeats=3)
 
 
 @dataclass
@@ -49,6 +54,7 @@ class BenchConfig:
     num_speculative_tokens: int = 4
     draft_vocab: int | None = None  # the draft models' output layer keeps token ids below this
     temperature: float = 0.0  # speculative bench: 0 greedy (outputs must equal the target's), else seeded sampling
+    llamacpp: Path | None = None  # instead of the workloads: batch-1 decode of llama.cpp on this GGUF against MODEL
 
     def __post_init__(self):
         if self.workload not in WORKLOADS:
@@ -69,6 +75,9 @@ class BenchConfig:
             raise UserError(f"--temperature must be >= 0, got {self.temperature}")
         if not self.drafts and (self.temperature or self.draft_vocab is not None):
             raise UserError("--temperature and --draft-vocab apply to the speculative benchmark: give --draft")
+        if self.llamacpp is not None and (self.compare or self.drafts or self.plot or self.workload != "batches"):
+            raise UserError("--llamacpp compares one MODEL's batch decode with llama.cpp: leave out --compare, --draft, "
+                            "--plot and --workload")
         if max(self.sweep.batch_sizes) > self.max_num_batched_tokens:
             raise UserError(f"batch size {max(self.sweep.batch_sizes)} does not fit one step's token budget "
                             f"(--max-num-batched-tokens {self.max_num_batched_tokens})")
@@ -85,6 +94,13 @@ class BenchConfig:
 
 def run_benchmark(model: str, cfg: BenchConfig) -> list[list[dict]]:
     """Print the tables of cfg.workload for MODEL (and cfg.compare); returns the sweep's rows per model."""
+    if cfg.llamacpp is not None:
+        from compress.bench.llamacpp import run_llamacpp
+
+        model_dir = resolve(model)
+        check_context([model_dir], cfg)
+        run_llamacpp(model_dir, cfg.llamacpp, cfg.sweep, cfg.engine(model_dir))
+        return []
     if cfg.drafts:
         from compress.bench.speculative import run_spec_bench, table
 
@@ -103,6 +119,13 @@ def run_benchmark(model: str, cfg: BenchConfig) -> list[list[dict]]:
         engines = [(name, LLM(d, **cfg.engine(d))) for name, d in models]
         run_mixed(engines, models[0][1], cfg.requests, cfg.max_prompt, cfg.max_new, cfg.hf_baselines)
     return rows
+
+
+def sweep_config(batch_sizes: str | None, prompt_len: int, new_tokens: int, repeats: int | None, llamacpp: bool) -> SweepConfig:
+    """The sweep's settings from the command line; what is not given takes the defaults of the sweep or of --llamacpp."""
+    defaults = LLAMACPP_DEFAULTS if llamacpp else SWEEP_DEFAULTS
+    return SweepConfig(parse_batch_sizes(batch_sizes or defaults["batch_sizes"]), prompt_len, new_tokens,
+                       defaults["repeats"] if repeats is None else repeats)
 
 
 def check_context(model_dirs: list[Path], cfg: BenchConfig) -> None:
@@ -150,6 +173,8 @@ def sweep_model(name: str, model_dir: Path, bandwidth: float, cfg: BenchConfig) 
     print(f"{name}: holds {tensor_bytes(llm.runner.model) / MiB:.1f} MiB of weights and a {llm.runner.kv.nbytes / MiB:.1f} MiB "
           f"KV pool; a decode step reads {fp.read / MiB:.1f} MiB of weights here, {fp.stored / MiB:.1f} MiB as stored, "
           f"and {fp.kv_per_token / 1024:.1f} KiB per cached token ({cfg.sweep.context} per sequence on average)", flush=True)
+    for line in llm.runner.cpu_kernels.lines() if llm.runner.cpu_kernels else []:  # the kernels chosen per row count (CPU)
+        print(f"{name}: {line}", flush=True)
     results = sweep(llm, cfg.sweep)
     for r in results:
         if r.preemptions:

@@ -1,43 +1,69 @@
-"""The CPU kernels against the torch paths they replace, on SmolLM2-135M's shapes, in one run.
+"""The CPU kernels against torch on a model's shapes, and the choice the engine makes between them.
 
-    OMP_NUM_THREADS=1 python -m compress.bench.cpu_kernels [--repeats 5] [--rows 1,8,16,64,512]
+    OMP_NUM_THREADS=2 python -m compress.bench.cpu_kernels [--shapes smollm2|llama3-8b] [--repeats 5] [--rows 1,5]
 
-Decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens (the mixed
-workload's busiest step), their blocks scattered over the pool as after a while of serving, 30
-layers: ``PagedAttention`` with the C kernel vs its torch path (grouped gather + SDPA). Linears:
-a step's 210 Linears and the lm_head at 1, 8, 16, 64 and 512 rows (batch-1 decode to a prompt
-chunk; ``--rows`` picks others, e.g. 5 for a batch-1 speculative verification with 4
-drafts): ``linear_cpu`` (the C GEMM, weights packed once) vs torch's GEMM, and the same step
-with the 210 Linears as int4 g64 weights in ``nibble_linear_cpu``'s 4-bit panels (the lm_head stays
-fp32, as in our exports), which is how the engine runs an int4/int3 checkpoint on CPU. Times are the
-fastest of ``--repeats`` (ms per step); the ratios are torch / C and C fp32 / C int4.
+Prints the host (CPU, vector extensions, threads, how the C kernels were built), then
+- decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens (the mixed
+  workload's busiest step), their blocks scattered over the pool, 30 layers: ``PagedAttention``
+  with the C kernel vs its torch path (grouped gather + SDPA); then the engine's per-bucket timing
+  of the same (``compress/runtime/cpu_kernels.py``).
+- per Linear shape, fp32 and int4 g64: torch's time / the C kernel's at each row bucket the engine
+  times at start (``compress/runtime/kernel_choice.py``, made afresh here, not read from the cache),
+  with the kernel the engine chooses (C or t; as the engine, a kernel other than the preferred one
+  must win two timings, ``kernel_choice.confirmed``). For int4 the engine's candidates are the 4-bit C
+  GEMM and dequantize-into-scratch + torch's GEMM ("t").
+- the check: every row count from 1 to --max-rows that the buckets and their midpoints give, timed
+  again (a second, independent pass): torch's fp32 GEMM on the dense weight against the kernel the
+  engine runs at that row count; the worst ratio per shape (the target: >= 0.95 for fp32; a ratio
+  below it must repeat in three timings), and for fp32 the worst where the engine runs torch itself
+  (torch against torch: the noise of a timing on this machine). For
+  int4, torch's side holds the dense fp32 weight (8x the memory), so a ratio below 1 there is what
+  keeping 4 bits costs against a dense model.
+- a whole step's Linears (SmolLM2's 210 and the lm_head, at --step-rows rows; shapes whose model fits
+  in 2 GiB of fp32): torch's nn.Linears against the engine's modules with the choices above, fp32
+  and int4.
+``--rows`` times only those row counts (no check, no step table). Times are the fastest of
+``--repeats`` passes, and only passes that repeat within 10% count (kernel_choice.NOISE; a busy
+machine's cells read "noisy").
 """
 
 import argparse
+import platform
 import random
 import time
+from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from torch import nn
 
-from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu
-from compress.quant.primitives import IntSpec, qparams, quantize
+from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, paged_attention_cpu
+from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
+from compress.runtime.cpu_kernels import decode_candidates
+from compress.runtime.cpu_linears import ROTATION_BYTES, SLICE_MIN, CpuLinear, Group, NibbleLinear, Scratch, candidates
+from compress.runtime.kernel_choice import C, TORCH, Plan, buckets, confirmed, decide, time_candidates
 
-LAYERS, HEADS, KV_HEADS, HEAD_DIM, HIDDEN, MLP, VOCAB = 30, 9, 3, 64, 576, 1536, 49152
-LINEARS = [(HIDDEN, HIDDEN), (KV_HEADS * HEAD_DIM, HIDDEN), (KV_HEADS * HEAD_DIM, HIDDEN), (HIDDEN, HIDDEN),
-           (MLP, HIDDEN), (MLP, HIDDEN), (HIDDEN, MLP)]  # q, k, v, o, gate, up, down: [out, in]
-BLOCK = 16
+# (out, in, how many in the model): q/o, k/v, gate/up, down, lm_head
+SHAPES = {
+    "smollm2": [(576, 576, 60), (192, 576, 60), (1536, 576, 60), (576, 1536, 30), (49152, 576, 1)],
+    "llama3-8b": [(4096, 4096, 64), (1024, 4096, 64), (14336, 4096, 64), (4096, 14336, 32), (128256, 4096, 1)],
+}
+LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16  # SmolLM2-135M's attention
+GROUP = 64  # int4 group size
+STEP_BYTES = 2 << 30  # the whole-step table holds every Linear of the model in fp32: only up to this
 
 
-def fastest(fn, repeats: int) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return min(times) * 1e3
+def host() -> str:
+    """The CPU (model name, vector extensions), threads, torch, and the C kernels' build and vector width."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+             if line.startswith("model name")] if cpuinfo.exists() else []
+    flags = cpu_build.machine().split()
+    simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "asimd", "sve") if f in flags]
+    build = {"native": "-march=native", "avx2": "-march=native -mno-avx512f"}[cpu_build.isa()]
+    return (f"host: {platform.machine()}, {names[0] if names else platform.processor() or 'CPU'}; "
+            f"{' '.join(simd) or 'no wide vectors'}; {torch.get_num_threads()} threads; torch {torch.__version__}; "
+            f"C kernels {build} (COMPRESS_CPU_ISA={cpu_build.isa()}), {linear_cpu.load().vector_width()}-float vectors")
 
 
 def attention_step(repeats: int, seqs: int = 64, layers: int = LAYERS) -> tuple[float, float, int]:
@@ -53,60 +79,174 @@ def attention_step(repeats: int, seqs: int = 64, layers: int = LAYERS) -> tuple[
         used += len(tables[-1])
     meta = AttentionMetadata.build([c - 1 for c in contexts], [1] * seqs, tables, BLOCK, "cpu")
     q, k, v = torch.randn(1, seqs, HEADS, HEAD_DIM), torch.randn(1, seqs, KV_HEADS, HEAD_DIM), torch.randn(1, seqs, KV_HEADS, HEAD_DIM)
-    ms = {}
-    for use_kernel in (False, True):
-        backend = PagedAttention(kv, meta, None, cpu_kernel=use_kernel)
-        ms[use_kernel] = fastest(lambda: [backend(layer, q, k, v) for layer in range(layers)], repeats)
-    return ms[False], ms[True], sum(contexts)
+    backends = {use: PagedAttention(kv, meta, None, cpu_kernel=use) for use in (False, True)}
+    ms = settled({use: lambda b=b: [b(layer, q, k, v) for layer in range(layers)] for use, b in backends.items()}, repeats) or {}
+    return ms.get(False, float("nan")), ms.get(True, float("nan")), sum(contexts)
 
 
-def int4_panels(w: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """w [O, I] rounded to asymmetric int4 g64 (RTN), in 4-bit panels."""
-    spec = IntSpec(4, 64)
-    scale, zero = qparams(w, spec)
-    return nibble_linear_cpu.pack(quantize(w, scale, zero, spec), scale, zero)
+def groups(out_features: int, in_features: int, count: int, gen: torch.Generator) -> tuple[Group, Group]:
+    """An fp32 and an int4 group of random weights, as many and as many rows as a timing pass reads."""
+    rows = min(out_features, max(SLICE_MIN, ROTATION_BYTES // (4 * in_features)))
+    n = min(count, -(-ROTATION_BYTES // (4 * rows * in_features)))
+    fp32 = Group([CpuLinear(torch.randn(rows, in_features, generator=gen), None) for _ in range(n)])
+    scratch, g = Scratch(), in_features // GROUP
+    int4 = Group([NibbleLinear(torch.randint(0, 16, (rows, in_features), generator=gen, dtype=torch.uint8),
+                               torch.rand(rows, g, generator=gen) * 0.01, torch.randint(0, 16, (rows, g), generator=gen), None, scratch)
+                  for _ in range(n)])
+    return fp32, int4
 
 
-def linear_step(rows: int, weights: list[torch.Tensor], panels: list[torch.Tensor], nibbles: list, repeats: int) -> tuple[float, float, float]:
-    """ms per step's matmuls at `rows` rows: torch GEMM, C GEMM, and C int4 GEMM for the Linears (lm_head: C GEMM)."""
-    x = {i: torch.randn(rows, i) for i in (HIDDEN, MLP)}
-    torch_ms = fastest(lambda: [F.linear(x[w.shape[1]], w) for w in weights], repeats)
-    c_ms = fastest(lambda: [linear_cpu.linear(x[w.shape[1]], p, w.shape[0]) for w, p in zip(weights, panels)], repeats)
+def settled(runs: dict, repeats: int, tries: int = 4) -> dict[str, float] | None:
+    """time_candidates until its fastest passes repeat (see kernel_choice.NOISE), at most `tries` times."""
+    for _ in range(tries):
+        ms = time_candidates(runs, repeats)
+        if ms is not None:
+            return ms
+    return None
 
-    def int4_step():
-        for w, n in zip(weights, nibbles):
-            nibble_linear_cpu.linear(x[w.shape[1]], n, w.shape[0])
-        linear_cpu.linear(x[HIDDEN], panels[-1], VOCAB)
 
-    return torch_ms, c_ms, fastest(int4_step, repeats)
+def choice_row(label: str, group: Group, rows: list[int], repeats: int) -> tuple[str, Plan | None]:
+    """A table row: torch / C and the engine's choice at each row count ("noisy": timings that never
+    repeated, the preferred kernel); and the engine's Plan from them (None unless rows are buckets from 1)."""
+    cells, kernels, ratios = [], [], []
+    for r in rows:
+        ms = confirmed(lambda r: settled(candidates(group, r), repeats), r, group.preferred)
+        kernels.append(group.preferred if ms is None else decide(ms, group.preferred))
+        ratios.append(None if ms is None else ms[TORCH] / ms[C])
+        cells.append("noisy" if ms is None else f"{ratios[-1]:.2f} {'C' if kernels[-1] == C else 't'}")
+    plan = Plan(tuple(rows), tuple(kernels), tuple(ratios), group.preferred) if rows == buckets(rows[-1]) else None
+    return f"| {label} | " + " | ".join(cells) + " |", plan
+
+
+def check_rows(max_rows: int) -> list[int]:
+    """The buckets and the row counts halfway between them."""
+    b = buckets(max_rows)
+    return sorted(set(b) | {(lo + hi) // 2 for lo, hi in zip(b, b[1:])})
+
+
+def check_ratio(group: Group, dense: Group, kernel: str, rows: int, repeats: int) -> float | None:
+    """torch fp32's time / the engine kernel's at `rows`; a ratio below 0.95 must hold in three timings
+    (the largest of them counts: a slowdown is real only if it repeats, as the engine's switches must)."""
+    ratios = []
+    for _ in range(3):
+        ms = settled({"torch": candidates(dense, rows)[TORCH], "engine": candidates(group, rows)[kernel]}, repeats)
+        if ms is not None:
+            ratios.append(ms["torch"] / ms["engine"])
+        if ratios and max(ratios) >= 0.95:
+            break
+    return max(ratios, default=None)
+
+
+def check_row(label: str, group: Group, dense: Group, plan: Plan, rows: list[int], repeats: int) -> str:
+    """torch fp32 / the engine's kernel at every row count (as the engine picks it: plan.table()),
+    and for fp32 the worst where the engine runs torch itself: the noise of a timing."""
+    ratios, noisy, itself, use_c = {}, [], [], plan.table()
+    for r in rows:
+        kernel = C if use_c[r] else TORCH
+        ratio = check_ratio(group, dense, kernel, r, repeats)
+        if ratio is None:
+            noisy.append(r)
+            continue
+        ratios[r] = ratio
+        if group is dense and kernel == TORCH:
+            itself.append(ratio)
+    if not ratios:
+        return f"| {label} | noisy | noisy | | | {len(noisy)} |"
+    worst = min(ratios, key=ratios.get)
+    below = [r for r, x in ratios.items() if x < 0.95]
+    noise = f"{min(itself):.2f}" if itself else ""
+    return (f"| {label} | {ratios[worst]:.2f} at {worst} | {sorted(ratios.values())[len(ratios) // 2]:.2f} "
+            f"| {', '.join(map(str, below)) or 'none'} | {noise} | {len(noisy)} |")
+
+
+def step_modules(shapes: list[tuple[int, int, int]], tables: dict[tuple[int, int, str], list[bool]], gen: torch.Generator):
+    """A whole step's Linears at full size: torch's nn.Linears, the engine's CpuLinears over the same weights
+    and NibbleLinears (the lm_head, the last shape, stays fp32 as in our exports), with the choices made."""
+    dense, fp32, int4, scratch = [], [], [], Scratch()
+    for n, (out_features, in_features, count) in enumerate(shapes):
+        for _ in range(count):
+            dense.append(nn.Linear(in_features, out_features, bias=False, device="meta"))
+            dense[-1].weight = nn.Parameter(torch.randn(out_features, in_features, generator=gen), requires_grad=False)
+            fp32.append(CpuLinear(dense[-1].weight, None))
+            fp32[-1].use_c = tables[out_features, in_features, "fp32"]
+            if n == len(shapes) - 1:
+                int4.append(fp32[-1])
+                continue
+            g = in_features // GROUP
+            int4.append(NibbleLinear(torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8),
+                                     torch.rand(out_features, g, generator=gen) * 0.01,
+                                     torch.randint(0, 16, (out_features, g), generator=gen), None, scratch))
+            int4[-1].use_c = tables[out_features, in_features, "int4"]
+    return dense, fp32, int4
+
+
+def step_row(rows: int, dense: list, fp32: list, int4: list, repeats: int) -> str:
+    """One row of the step table: torch's nn.Linears (what transformers runs) against the engine's modules."""
+    x = {m.in_features: torch.randn(rows, m.in_features) for m in dense}
+    ms = settled({name: lambda ms=modules: [m(x[m.in_features]) for m in ms]
+                  for name, modules in (("torch", dense), ("fp32", fp32), ("int4", int4))}, repeats)
+    if ms is None:
+        return f"| {rows} | noisy | | | | |"
+    return (f"| {rows} | {ms['torch']:.1f} | {ms['fp32']:.1f} | {ms['torch'] / ms['fp32']:.2f}x | {ms['int4']:.1f} "
+            f"| {ms['torch'] / ms['int4']:.2f}x |")
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="smollm2")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rows", default="1,8,16,64,512", help="comma-separated row counts to time the Linears at")
+    parser.add_argument("--max-rows", type=int, default=512, help="the engine's max_num_batched_tokens")
+    parser.add_argument("--rows", help="comma-separated row counts to time instead of the engine's buckets (no check, no step)")
+    parser.add_argument("--step-rows", default="1,8,16,64,512", help="row counts of the whole-step table")
     args = parser.parse_args(argv)
     try:
-        row_counts = [int(r) for r in args.rows.split(",")]
+        row_counts = [int(r) for r in args.rows.split(",")] if args.rows else buckets(args.max_rows)
+        step_rows = [int(r) for r in args.step_rows.split(",")]
     except ValueError:
-        raise SystemExit(f"error: --rows {args.rows!r} must be comma-separated whole numbers, e.g. 1,5") from None
-    if min(row_counts) < 1:
-        raise SystemExit(f"error: --rows {args.rows!r}: every row count must be at least 1")
+        raise SystemExit("error: --rows and --step-rows must be comma-separated whole numbers, e.g. 1,5") from None
+    if min(row_counts + step_rows) < 1 or args.repeats < 1:
+        raise SystemExit("error: every row count (--rows, --step-rows, --max-rows) and --repeats must be at least 1")
     if None in (paged_attention_cpu.load(), linear_cpu.load(), nibble_linear_cpu.load()):
         raise SystemExit("error: the CPU kernels do not build here (no working C compiler; set CC)")
-    print(f"{torch.get_num_threads()} threads, fastest of {args.repeats}")
-    print("| op | torch (ms) | C kernel (ms) | torch / C | C int4 (ms) | C / C int4 |\n|---|---:|---:|---:|---:|---:|")
+    start = time.monotonic()
+    print(host())
     torch_ms, c_ms, tokens = attention_step(args.repeats)
-    print(f"| decode attention, 64 seqs, {tokens} KV tokens, {LAYERS} layers | {torch_ms:.1f} | {c_ms:.1f} | {torch_ms / c_ms:.2f}x | | |")
-    gen = torch.Generator().manual_seed(2)
-    weights = [torch.randn(o, i, generator=gen) for _ in range(LAYERS) for o, i in LINEARS]
-    weights.append(torch.randn(VOCAB, HIDDEN, generator=gen))  # the lm_head
-    panels = [linear_cpu.pack(w) for w in weights]
-    nibbles = [int4_panels(w) for w in weights[:-1]]
-    for rows in row_counts:
-        torch_ms, c_ms, int4_ms = linear_step(rows, weights, panels, nibbles, args.repeats)
-        print(f"| {len(weights) - 1} Linears + lm_head, {rows} row{'s' if rows > 1 else ''} | {torch_ms:.1f} | {c_ms:.1f} "
-              f"| {torch_ms / c_ms:.2f}x | {int4_ms:.1f} | {c_ms / int4_ms:.2f}x |")
+    print(f"decode attention, 64 seqs, {tokens} KV tokens, {LAYERS} layers: torch {torch_ms:.1f} ms, C {c_ms:.1f} ms, "
+          f"torch / C {torch_ms / c_ms:.2f}x")
+    cfg = ModelConfig("llama", 1, HEADS * HEAD_DIM, 1, 1, HEADS, KV_HEADS, HEAD_DIM)
+    seqs = buckets(64)
+    cells = []
+    for r in seqs:
+        ms = confirmed(lambda r: settled(decode_candidates(cfg, BLOCK, r), args.repeats), r, TORCH)
+        cells.append(f"{r}: noisy" if ms is None else f"{r}: {ms[TORCH] / ms[C]:.2f} {'C' if decide(ms, TORCH) == C else 't'}")
+    print("decode attention per bucket, torch / C and the choice (one layer, up to 256 tokens each): " + ", ".join(cells))
+    head = "| Linear (in the model) | " + " | ".join(map(str, row_counts)) + " |\n|---|" + "---:|" * len(row_counts)
+    print(f"\ntorch / C per row count, and the engine's choice (C or t), fastest of {args.repeats} interleaved passes\n{head}")
+    gen, made, tables = torch.Generator().manual_seed(2), [], {}
+    for out_features, in_features, count in SHAPES[args.shapes]:
+        fp32, int4 = groups(out_features, in_features, count, gen)
+        for key, kind, group in (("fp32", "fp32", fp32), ("int4", f"int4 g{GROUP}", int4)):
+            label = f"{out_features}x{in_features} {kind} ({count})"
+            line, plan = choice_row(label, group, row_counts, args.repeats)
+            print(line, flush=True)
+            made.append((label, group, fp32, plan))
+            tables[out_features, in_features, key] = plan.table() if plan else []
+    shapes = SHAPES[args.shapes]
+    if not args.rows and 4 * sum(o * i * n for o, i, n in shapes) <= STEP_BYTES:
+        print(f"\na whole step's {sum(n for *_, n in shapes) - 1} Linears + lm_head (ms): torch fp32, the engine with the choices "
+              f"above, fp32 and int4 g{GROUP} (lm_head fp32)\n| rows | torch | engine fp32 | torch / engine | engine int4 "
+              f"| torch fp32 / engine int4 |\n|---:|---:|---:|---:|---:|---:|")
+        dense, fp32_step, int4_step = step_modules(shapes, tables, gen)
+        for r in step_rows:
+            print(step_row(r, dense, fp32_step, int4_step, args.repeats), flush=True)
+        del dense, fp32_step, int4_step
+    if not args.rows:
+        print("\ncheck, timed again: torch fp32 / the engine's kernel at every bucket and halfway between\n"
+              "| Linear | worst | median | row counts below 0.95 (in 3 timings) | torch vs itself, worst | too noisy to time |\n"
+              "|---|---:|---:|---|---:|---:|")
+        for label, group, fp32, plan in made:
+            print(check_row(label, group, fp32, plan, check_rows(args.max_rows), args.repeats), flush=True)
+    print(f"\n({time.monotonic() - start:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 Counted from the tensors themselves (parameters and buffers; a tied weight once), not from a
 formula. A step reads every weight once, except an embedding table the lm_head does not share,
 of which it reads only the rows of its tokens (left out here); a shared table is read whole by the
-lm_head. On CPU the engine holds every Linear packed in panels for a C GEMM (`cpu_linears`; a tied
-lm_head gets panels of its own): fp32 weights dense, int4/int3 PackedLinears as 4-bit panels with
-an fp32 scale and offset per group (dequantized to dense only where that kernel cannot build);
+lm_head. On CPU the engine keeps fp32 weights as they are (`cpu_linears`; a tied lm_head shares the
+table) and holds int4/int3 PackedLinears as 4-bit nibbles with an fp32 scale and offset per group
+(dequantized to dense only where that kernel cannot build; the scratch buffer of their torch path,
+used at large row counts, is not counted);
 `stored` is the checkpoint as loaded before that swap, which is what the CUDA path keeps and reads.
 """
 

@@ -91,8 +91,13 @@ def measure_batch(llm: LLM, batch: int, cfg: SweepConfig, run: int = 0) -> Batch
                        decode_tok_s(times), rss.peak, llm.scheduler.num_preemptions - preempted)
 
 
-def sweep(llm: LLM, cfg: SweepConfig) -> list[BatchResult]:
-    """One BatchResult per batch size (the fastest decode of cfg.repeats runs), after a warm-up batch of two short requests."""
+def warm_up(llm: LLM, cfg: SweepConfig) -> None:
+    """A batch of two short requests, so that the first timed batch does not pay for first-call allocations."""
     measure_batch(llm, 2, SweepConfig((2,), min(cfg.prompt_len, 16), 4, seed=cfg.seed + 1))
+
+
+def sweep(llm: LLM, cfg: SweepConfig) -> list[BatchResult]:
+    """One BatchResult per batch size (the fastest decode of cfg.repeats runs), after a warm-up batch."""
+    warm_up(llm, cfg)
     return [max((measure_batch(llm, b, cfg, run) for run in range(cfg.repeats)), key=lambda r: r.decode_tok_s)
             for b in cfg.batch_sizes]

@@ -4,7 +4,9 @@ Scale search: for Linears W sharing an input x, find per-input-channel scales
     s = mean|x|^alpha / sqrt(max(.) * min(.)),   alpha in {0, 1/grid, ..., (grid-1)/grid}
 minimizing || f(x; Q(W * s) / s) - f(x; W) ||^2, where f is the sub-module whose output the
 group feeds (attention, MLP, or the Linear itself). Salient channels (large mean|x|) get
-scaled up before rounding, so their relative rounding error shrinks.
+scaled up before rounding, so their relative rounding error shrinks. Each candidate's weights are
+rounded by blocks of rows that stay in cache (``scaled_round_trip``), with the numbers of the plain
+expression: the full-size temporaries made this search as slow as the range search.
 
 Range search (AWQ's clip search, extended): per output channel and group, shrink the top and the
 bottom of the range independently to max * (1 - i/grid) and min * (1 - j/grid) for i, j < grid/2
@@ -16,17 +18,32 @@ the candidates instead (two g x g matmuls per candidate and weight), yet every p
 coarse-to-fine search (41 grids instead of 101, within 1% of this one's e^T H e) cost SmolLM2 1.0
 perplexity point at int3 and 0.13 at int4 (WikiText-2, 20 windows).
 
+How it is computed: every candidate costs two [o, g] x [g, g] products and, in torch, ~16 elementwise passes
+over the tile, about half the time each. On CPU the search runs in a C kernel (``range_search_cpu``) that
+keeps a few rows in registers and L1 and rounds every step as torch and MKL do (the products as chains of
+FMAs, the sums in ATen's order), so it returns the torch path's grids bit for bit (checked on a test tile at
+first use; the torch path runs where the kernel is not built or disagrees). Tiles of rows run side by side,
+one thread each (``side_by_side``): the result does not depend on the thread count. Tried and dropped
+(2026-12, 1.1B shape and SmolLM2 Linears): screening candidates with bf16 products and re-scoring the best
+few in fp32 (no faster, the casts cost what bf16 saved, and e^T H e cancels so much with correlated inputs
+that bf16 H put it off by up to 2x); ranking by the refit's error before re-rounding (codes change on
+re-rounding in 95% of rows; the best of its top 16 missed o_proj's best grid by 8-10% of e^T H e); feeding
+several candidates through each torch op (the ops are bound by bandwidth and the products, not dispatch).
+
 The module swap and the folding of scales into the model live in ``awq_apply.py``.
 """
 
-from collections.abc import Callable
+import functools
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.func import functional_call
 
-from compress.quant.primitives import IntSpec, grouped, pseudo_quantize, range_qparams
+from compress.kernels import range_search_cpu
+from compress.quant.primitives import IntSpec, grouped, range_qparams
 
 
 @dataclass
@@ -57,13 +74,38 @@ def search_scale(
     target = module(x)
     losses = []
     cands = candidate_scales(mean_abs, grid)
+    # One buffer per weight for every alpha: a new one each time cost a page fault per 4 KiB (~1 s a 1.1B block).
+    bufs = {name: torch.empty(w.shape, dtype=torch.result_type(w, x), device=w.device) for name, w in weights.items()}
     for s in cands:
         se = expand(s).to(x.dtype)  # [C']
-        params = {name: pseudo_quantize(w * se, spec) / se for name, w in weights.items()}
+        params = {name: scaled_round_trip(w, se, spec, bufs[name]) for name, w in weights.items()}
         out = functional_call(module, params, (x,))
         losses.append((out - target).float().pow(2).mean().item())
     best = min(range(grid), key=losses.__getitem__)
     return ScaleResult(cands[best], best / grid, losses[best], losses[0])
+
+
+ROUND_TRIP_ELEMENTS = 2**18  # weights per block of rows in scaled_round_trip: its temporaries stay in a core's L2
+
+
+def scaled_round_trip(w: torch.Tensor, se: torch.Tensor, spec: IntSpec, out: torch.Tensor | None = None) -> torch.Tensor:
+    """pseudo_quantize(w * se, spec) / se for w [O, I] and input channel scales se [I], bit for bit, by blocks of
+    rows: the expression's full-size temporaries (a dozen passes over [O, I] in DRAM) made the scale search ~5x
+    slower. Rounding, clamping and (q - z) s are done in place; the integer round trip through uint8 is exact."""
+    if out is None:
+        out = torch.empty(w.shape, dtype=torch.result_type(w, se), device=w.device)  # [O, I]
+
+    def block(r: slice) -> None:
+        ws = w[r] * se  # [r, I]
+        g = grouped(ws.float(), spec.group_size)  # [r, G, g]
+        scale, zero = range_qparams(g.amax(-1), g.amin(-1), spec)  # [r, G]
+        scale, zero = scale[..., None], zero[..., None]
+        q = g.div_(scale).round_().add_(zero).clamp_(0, spec.qmax).sub_(zero)  # q - z
+        torch.div(q.mul_(scale).view(ws.shape).to(ws.dtype), se, out=out[r])
+
+    rows = max(1, ROUND_TRIP_ELEMENTS // w.shape[1])
+    side_by_side(block, [slice(r0, r0 + rows) for r0 in range(0, w.shape[0], rows)], w.device)
+    return out
 
 
 def group_hessians(x: torch.Tensor, group_size: int) -> torch.Tensor:
@@ -132,9 +174,12 @@ def try_shrinks(wg: torch.Tensor, h: torch.Tensor, spec: IntSpec, factors: torch
     return scales, zeros, errs
 
 
-def search_tile(wg: torch.Tensor, h: torch.Tensor, spec: IntSpec, factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def search_tile(wg: torch.Tensor, h: torch.Tensor, spec: IntSpec, factors: torch.Tensor,
+                fused: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Best (scale, zero) [G, o] for the rows wg [G, o, g]: the first of the least e^T H e among plain rounding and
-    the shrinks ``factors`` [P, 2]."""
+    the shrinks ``factors`` [P, 2]. ``fused``: through the C kernel (``fused_search``), with the same numbers."""
+    if fused:
+        return search_tile_fused(wg, h, spec, factors)
     scratch = tuple(torch.empty_like(wg) for _ in range(3))  # [G, o, g]
     s0, z0 = range_qparams(wg.amax(-1), wg.amin(-1), spec)  # [G, o]: plain rounding, no refit
     z0 = z0.float()
@@ -144,10 +189,67 @@ def search_tile(wg: torch.Tensor, h: torch.Tensor, spec: IntSpec, factors: torch
     return torch.cat([s0[None], scales]).gather(0, best)[0], torch.cat([z0[None], zeros]).gather(0, best)[0]
 
 
-def tile_weights(device: torch.device) -> int:
-    """Weights per search tile: on CPU about what a core's L2 cache holds next to the scratch space; elsewhere
-    enough to keep the kernels busy, with the memory still bounded."""
-    return 2**17 if device.type == "cpu" else 2**24
+def search_tile_fused(wg: torch.Tensor, h: torch.Tensor, spec: IntSpec,
+                      factors: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``search_tile`` in ``range_search_cpu``, a group at a time: each candidate's ~16 passes over the tile and its
+    two matrix products become one loop over a few rows in registers and L1."""
+    s0, z0 = range_qparams(wg.amax(-1), wg.amin(-1), spec)  # [G, o]
+    top, bottom = factors[:, 0, None, None], factors[:, 1, None, None]  # [P, 1, 1]
+    scales, zeros = range_qparams(wg.amax(-1) * top, wg.amin(-1) * bottom, spec)  # [P, G, o]
+    found = [range_search_cpu.search_rows(wg[i], h[i], spec.qmax, (s0[i], z0[i].float()), (scales[:, i], zeros[:, i].float()))
+             for i in range(wg.shape[0])]
+    return torch.stack([s for s, _ in found]), torch.stack([z for _, z in found])  # [G, o]
+
+
+def fused_search(wg: torch.Tensor, spec: IntSpec) -> bool:
+    """Whether ``search_tile`` may take the C kernel for rows like wg [G, o, g]: it is built, takes g, and gave
+    the torch path's numbers bit for bit on a test tile (its sums and products copy torch's and MKL's order, which
+    a build or a CPU could change: then the torch path runs)."""
+    return range_search_cpu.supports(wg) and fused_agrees(wg.shape[-1], spec)
+
+
+@functools.cache
+def fused_agrees(g: int, spec: IntSpec) -> bool:
+    gen = torch.Generator().manual_seed(0)
+    w = torch.randn(1, 64, g, generator=gen) * 0.02
+    w[..., :: max(1, g // 5)] *= 8  # a few large weights, so that shrinking the range pays
+    x = torch.randn(512, g, generator=gen) + torch.randn(512, 4, generator=gen) @ torch.randn(4, g, generator=gen)
+    h, factors = group_hessians(x, g), shrink_pairs(20, 0.5, spec.symmetric)
+    fused, plain = search_tile_fused(w, h, spec, factors), search_tile(w, h, spec, factors)
+    return all(torch.equal(a, b) for a, b in zip(fused, plain))
+
+
+def side_by_side(fn: Callable, items: Iterable, device: torch.device) -> None:
+    """fn(item) for every item; on CPU, one worker thread per intra-op thread, each running its ops on one thread.
+    The tiles' ops are small (~10-150 us): split over 2 threads inside each op they ran 1.7x faster than on one,
+    and lost much more whenever another process held a core. Whole tiles side by side scale better (the GIL is
+    released while an op runs), and each op computes the same numbers on one thread as on several."""
+    threads = torch.get_num_threads()
+    if device.type != "cpu" or threads == 1:
+        for item in items:
+            fn(item)
+        return
+    grad = torch.is_grad_enabled()  # thread-local: the workers start with the default
+
+    def run(item):
+        with torch.set_grad_enabled(grad):
+            fn(item)
+
+    torch.set_num_threads(1)  # process-wide: the workers' ops run on their own thread
+    try:
+        with ThreadPoolExecutor(threads) as pool:
+            list(pool.map(run, items))  # list: re-raises a worker's exception
+    finally:
+        torch.set_num_threads(threads)
+
+
+def tile_weights(device: torch.device, total: int) -> int:
+    """Weights per search tile, of ``total``: on CPU about what a core's L2 cache holds next to the scratch space,
+    or less so that each worker gets a few tiles; elsewhere enough to keep the kernels busy, with the memory still
+    bounded."""
+    if device.type != "cpu":
+        return 2**24
+    return min(2**17, max(2**14, total // (4 * torch.get_num_threads())))
 
 
 @torch.no_grad()
@@ -159,11 +261,16 @@ def search_qparams(w: torch.Tensor, h: torch.Tensor, spec: IntSpec, grid: int = 
     h, wg = h.float(), grouped(w.float(), spec.group_size).transpose(0, 1)  # [G, g, g], [G, O, g]
     factors = shrink_pairs(grid, max_shrink, spec.symmetric).to(w.device)  # [P, 2]
     n_groups, n_rows, g = wg.shape
-    rows = min(n_rows, max(1, tile_weights(w.device) // g))  # tiles of whole groups over some output channels
-    groups = max(1, tile_weights(w.device) // (rows * g))
+    budget = tile_weights(w.device, wg.numel())
+    rows = min(n_rows, max(1, budget // g))  # tiles of whole groups over some output channels
+    groups = max(1, budget // (rows * g))
     scale, zero = torch.empty(n_groups, n_rows, device=w.device), torch.empty(n_groups, n_rows, device=w.device)
-    for g0 in range(0, n_groups, groups):
-        for r0 in range(0, n_rows, rows):
-            tile = slice(g0, g0 + groups), slice(r0, r0 + rows)
-            scale[tile], zero[tile] = search_tile(wg[tile].contiguous(), h[tile[0]], spec, factors)
+
+    fused = fused_search(wg, spec)
+
+    def search(tile: tuple[slice, slice]) -> None:
+        scale[tile], zero[tile] = search_tile(wg[tile].contiguous(), h[tile[0]], spec, factors, fused)
+
+    side_by_side(search, [(slice(g0, g0 + groups), slice(r0, r0 + rows))
+                          for g0 in range(0, n_groups, groups) for r0 in range(0, n_rows, rows)], w.device)
     return scale.T.contiguous(), zero.T.to(torch.int32).contiguous()  # [O, G]

@@ -10,7 +10,7 @@ from tqdm import tqdm
 from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_inputs, run_block
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
-from compress.quant.awq import ScaleResult, group_hessians, search_qparams, search_scale
+from compress.quant.awq import ScaleResult, group_hessians, search_qparams, search_scale, side_by_side
 from compress.quant.config import QuantConfig
 from compress.quant.gptq import gptq_codes
 from compress.quant.primitives import IntSpec, qparams
@@ -62,17 +62,27 @@ def search_group(block, group: ScaleGroup, feats: dict, spec: IntSpec, cfg: Quan
     return search_scale(module, weights, x, reduce(f["mean_abs"]), expand, spec, cfg.grid), expand
 
 
+def block_device(block: nn.Module) -> torch.device:
+    return next(block.parameters()).device
+
+
 @torch.no_grad()
 def gptq_block(block: nn.Module, grams: dict, params: dict, spec: IntSpec) -> tuple[dict, dict]:
     """(params, codes) per Linear of ``grams`` (its inputs' E[x x^T] [I, I]): GPTQ's rounding on the searched
-    grid, or on the range's grid where none was searched (q, k); scales as stored, in the weight's dtype."""
-    grids, codes = dict(params), {}
-    for name, h in grams.items():
+    grid, or on the range's grid where none was searched (q, k); scales as stored, in the weight's dtype.
+    The Linears go side by side, each on one thread (GPTQ's column loop is many small ops), widest input first:
+    its factorization is the longest job. The codes are those of a one-thread run, whatever the thread count."""
+    done = {}
+
+    def run(name: str) -> None:
         w = block.get_submodule(name).weight
         scale, zero = params.get(name) or qparams(w, spec)
-        grids[name] = scale.to(w.dtype), zero
-        codes[name] = gptq_codes(w, h, grids[name][0], zero, spec)
-    return grids, codes
+        scale = scale.to(w.dtype)
+        done[name] = (scale, zero), gptq_codes(w, grams[name], scale, zero, spec)
+
+    side_by_side(run, sorted(grams, key=lambda name: -grams[name].shape[0]), block_device(block))
+    grids = dict(params) | {name: done[name][0] for name in grams}
+    return grids, {name: done[name][1] for name in grams}
 
 
 def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int) -> list[ScaleResult]:

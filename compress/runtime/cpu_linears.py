@@ -1,55 +1,105 @@
-"""The CPU path's Linears: every Linear swapped at engine start for one whose weight is packed for a C GEMM.
+"""The CPU path's Linears: each Linear and int4/int3 PackedLinear swapped at engine start for one that
+runs, per call, the kernel measured fastest at its row count (``kernel_choice``): our C GEMM or torch's.
 
-fp32 weights go into ``kernels/linear_cpu.py``'s panels (``PanelLinear``). int4/int3 ``PackedLinear``s
-go into ``kernels/nibble_linear_cpu.py``'s 4-bit panels (``NibbleLinear``): the weight stays at about
-5 bits a weight (codes, fp32 scale and offset per group) and decode reads that instead of a dense
-fp32 copy. The reference path would unpack every weight on every forward, which dominates decode.
+Memory each holds:
+- fp32 (``CpuLinear``): the Linear's own weight ``[O, I]``, which both kernels read as it is
+  (``kernels/linear_cpu.py``): nothing is copied, and a tied lm_head shares the embedding's table.
+- int4/int3 (``NibbleLinear``): the codes as nibbles plus an fp32 scale and offset per group, ~5 bits
+  a weight at g64 (``kernels/nibble_linear_cpu.py``), never a dense copy. Its torch path dequantizes
+  the weight into a ``Scratch`` buffer on every call (amortized where torch wins: many rows); one
+  buffer serves every NibbleLinear, as large as the largest dense weight among those that take that
+  path at some row count, allocated at the first such call.
+A PackedLinear the 4-bit kernel cannot run (no compiler, scales not fp32, groups not a multiple of 32)
+is dequantized once into a CpuLinear; without the fp32 kernel too (no compiler, not fp32) Linears stay
+as they are and PackedLinears become plain Linears of the dequantized weight.
 """
 
-from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from compress.kernels import linear_cpu, nibble_linear_cpu
 from compress.quant.linear import PackedLinear
+from compress.runtime.kernel_choice import C, TORCH, Plan
+
+# A timing pass streams at least this many fp32-equivalent weight bytes where they fit (distinct
+# weights, past any L2, as a step streams them), and does at most PASS_FLOPS of work, cutting a large
+# weight to its first output rows (never fewer than SLICE_MIN): about 1 ms a pass either way.
+ROTATION_BYTES = 32 << 20
+PASS_FLOPS = 5e7
+SLICE_MIN = 256
 
 
 def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
     return None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 
 
-class PanelLinear(nn.Module):
-    """A Linear whose fp32 weight is held packed for kernels/linear_cpu.py (the C GEMM), which runs every call."""
+def _use_c(table: list[bool], rows: int) -> bool:
+    return table[rows] if rows < len(table) else table[-1]
+
+
+class CpuLinear(nn.Module):
+    """An fp32 Linear that runs the C GEMM or torch's per its row count (``use_c[rows]``), over one weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
         self.out_features, self.in_features = weight.shape
-        self.register_buffer("panels", linear_cpu.pack(weight))
+        self.weight = weight if isinstance(weight, nn.Parameter) and weight.is_contiguous() else \
+            nn.Parameter(weight.detach().contiguous(), requires_grad=False)
         self.bias = _bias(bias)
+        self.use_c = [False]  # set from the Plan of its shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear_cpu.linear(x, self.panels, self.out_features, self.bias)
+        if _use_c(self.use_c, x.numel() // self.in_features):
+            return linear_cpu.unchecked(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+class Scratch:
+    """One fp32 buffer that NibbleLinears' torch path dequantizes into, grown to the largest weight asked."""
+
+    def __init__(self):
+        self.buffer = torch.empty(0)
+
+    def take(self, numel: int) -> torch.Tensor:
+        if self.buffer.numel() < numel:
+            self.buffer = torch.empty(numel)
+        return self.buffer
 
 
 class NibbleLinear(nn.Module):
-    """An int4/int3 PackedLinear held as 4-bit panels for kernels/nibble_linear_cpu.py, fp32 activations."""
+    """An int4/int3 PackedLinear held as nibbles; the 4-bit C GEMM or dequantize-then-torch per its row count."""
 
-    def __init__(self, packed: PackedLinear):
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch):
+        """codes uint8 [O, I], scale and zero [O, G]: a PackedLinear's ``codes()``."""
         super().__init__()
-        self.out_features, self.in_features = packed.out_features, packed.in_features
-        codes, scales, offsets = nibble_linear_cpu.pack(*packed.codes())
-        self.register_buffer("codes", codes)  # [P, I, 8] uint8
-        self.register_buffer("scales", scales)  # [P, G, 16] fp32
-        self.register_buffer("offsets", offsets)  # [P, G, 16] fp32
-        self.bias = _bias(packed.bias)
+        self.out_features, self.in_features = codes.shape
+        self.group_size = self.in_features // scale.shape[1]
+        codes, scales, offsets = nibble_linear_cpu.pack(codes, scale, zero)
+        self.register_buffer("codes", codes)  # [O, I/2] uint8
+        self.register_buffer("scales", scales)  # [O, G] fp32
+        self.register_buffer("offsets", offsets)  # [O, G] fp32
+        self.bias = _bias(bias)
+        self.scratch = scratch
+        self.use_c = [True]
+
+    @property
+    def packed(self) -> nibble_linear_cpu.Packed:
+        return self.codes, self.scales, self.offsets
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nibble_linear_cpu.linear(x, (self.codes, self.scales, self.offsets), self.out_features, self.bias)
+        if _use_c(self.use_c, x.numel() // self.in_features):
+            return nibble_linear_cpu.unchecked(x, self.packed, self.bias)
+        weight = nibble_linear_cpu.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features))
+        return F.linear(x, weight, self.bias)
 
 
 def nibble_ready(m: PackedLinear) -> bool:
-    return m.spec.bits <= 4 and m.weight_scale.dtype == torch.float32 and nibble_linear_cpu.supports(m.weight_scale)
+    fp32 = m.weight_scale.dtype == torch.float32
+    return m.spec.bits <= 4 and fp32 and nibble_linear_cpu.supports(m.weight_scale, m.in_features)
 
 
 def dense_linear(m: PackedLinear, weight: torch.Tensor) -> nn.Linear:
@@ -60,31 +110,100 @@ def dense_linear(m: PackedLinear, weight: torch.Tensor) -> nn.Linear:
     return new
 
 
-def swap_one(m: nn.Module) -> nn.Module | None:
+def swap_one(m: nn.Module, scratch: Scratch) -> nn.Module | None:
     """The module that replaces m on the CPU path, or None where m stays as it is."""
     if isinstance(m, PackedLinear):
         if nibble_ready(m):
-            return NibbleLinear(m)
+            return NibbleLinear(*m.codes(), m.bias, scratch)
         weight = m.dequantized()
-        return PanelLinear(weight, m.bias) if linear_cpu.supports(weight) else dense_linear(m, weight)
-    return PanelLinear(m.weight.detach(), m.bias) if linear_cpu.supports(m.weight) else None
+        return CpuLinear(weight, m.bias) if linear_cpu.supports(weight) else dense_linear(m, weight)
+    return CpuLinear(m.weight, m.bias) if linear_cpu.supports(m.weight) else None
 
 
-def cpu_linears(model: nn.Module) -> Counter:
-    """Swap every Linear and int4/int3 PackedLinear (see the module doc) in place; returns how many
-    PackedLinears kept 4-bit panels ("4-bit") and how many were dequantized ("dequantized"). A tied
-    lm_head gets panels of its own; the embedding keeps the original. Where the C kernels cannot run
-    (no compiler, not fp32) Linears stay as they are and PackedLinears become plain Linears of the
-    dequantized weight."""
-    packed: Counter = Counter()
+@dataclass
+class Group:
+    """The swapped Linears of one kind and shape: they share a Plan."""
+
+    modules: list[nn.Module]
+    plan: Plan | None = None
+
+    @property
+    def op(self) -> str:
+        m = self.modules[0]
+        return f"linear {m.out_features}x{m.in_features}" + (f" 4-bit g{m.group_size}" if isinstance(m, NibbleLinear) else " fp32")
+
+    @property
+    def preferred(self) -> str:
+        """Within noise, the kernel that needs no scratch: C for NibbleLinears, torch for CpuLinears (see kernel_choice)."""
+        return C if isinstance(self.modules[0], NibbleLinear) else TORCH
+
+    def apply(self, plan: Plan) -> None:
+        self.plan, table = plan, plan.table()
+        for m in self.modules:
+            m.use_c = table
+
+    def describe(self) -> str:
+        return f"{self.op} ({len(self.modules)}): {self.plan.describe()}"
+
+
+@dataclass
+class Swapped:
+    """What cpu_linears did: the groups that choose a kernel per row count, and PackedLinears dequantized once."""
+
+    groups: list[Group] = field(default_factory=list)
+    dequantized: int = 0
+
+    def scratch_bytes(self) -> int:
+        """The most a Scratch holds: the largest dense weight of a NibbleLinear whose plan runs torch somewhere."""
+        sizes = [4 * g.modules[0].out_features * g.modules[0].in_features for g in self.groups
+                 if isinstance(g.modules[0], NibbleLinear) and TORCH in g.plan.kernels]
+        return max(sizes, default=0)
+
+
+def rotation(items: list, out_features: int, in_features: int, rows: int, cut: Callable) -> list:
+    """The weights one timing pass runs over (see ROTATION_BYTES), each cut to its first rows by cut(item, rows)."""
+    row_flops, row_bytes = 2 * rows * in_features, 4 * in_features  # per output row of one weight
+    keep = min(out_features, max(SLICE_MIN, int(min(PASS_FLOPS / row_flops, ROTATION_BYTES / row_bytes))))
+    count = min(len(items), -(-ROTATION_BYTES // (keep * row_bytes)), max(1, int(PASS_FLOPS // (keep * row_flops))))
+    return [cut(item, keep) for item in items[:count]]
+
+
+def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
+    """The C kernel and torch's, each a pass over the group's weights (see rotation) at `rows` rows."""
+    first = group.modules[0]
+    out_features, in_features = first.out_features, first.in_features
+    x = torch.randn(rows, in_features)
+    if isinstance(first, CpuLinear):
+        weights = rotation([m.weight.detach() for m in group.modules], out_features, in_features, rows, lambda w, k: w[:k])
+        return {C: lambda: [linear_cpu.unchecked(x, w) for w in weights], TORCH: lambda: [F.linear(x, w) for w in weights]}
+    packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
+    scratch = torch.empty(packs[0][0].shape[0] * in_features)
+    return {C: lambda: [nibble_linear_cpu.unchecked(x, p) for p in packs],
+            TORCH: lambda: [F.linear(x, nibble_linear_cpu.dequantize(p, scratch)) for p in packs]}
+
+
+def group_modules(modules: list[nn.Module]) -> list[Group]:
+    groups: dict[tuple, Group] = {}
+    for m in modules:
+        key = (type(m), m.out_features, m.in_features, getattr(m, "group_size", None))
+        groups.setdefault(key, Group([])).modules.append(m)
+    return list(groups.values())
+
+
+def cpu_linears(model: nn.Module) -> Swapped:
+    """Swap every Linear and int4/int3 PackedLinear (see the module doc) in place, grouped by shape;
+    each runs torch's kernel (fp32) or the C one (int4/int3) until its group gets a Plan."""
+    swapped, scratch, new_modules = Swapped(), Scratch(), []
     # Names, not modules: a list of the old modules would keep every one alive until the last is swapped.
     for name in [name for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]:
         m = model.get_submodule(name)
-        new = swap_one(m)
+        new = swap_one(m, scratch)
         if new is None:
             continue
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, new)
-        if isinstance(m, PackedLinear):
-            packed["4-bit" if isinstance(new, NibbleLinear) else "dequantized"] += 1
-    return packed
+        swapped.dequantized += isinstance(m, PackedLinear) and not isinstance(new, NibbleLinear)
+        if isinstance(new, (CpuLinear, NibbleLinear)):
+            new_modules.append(new)
+    swapped.groups = group_modules(new_modules)
+    return swapped

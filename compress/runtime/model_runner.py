@@ -7,12 +7,11 @@ import psutil
 import torch
 
 from compress.errors import UserError
-from compress.kernels import paged_attention_cpu
 from compress.model.decoder import Decoder
 from compress.roofline import kv_bytes_per_token
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
-from compress.runtime.cpu_linears import PanelLinear, cpu_linears
+from compress.runtime.cpu_kernels import choose
 from compress.runtime.scheduler import ScheduledBatch
 
 
@@ -31,12 +30,10 @@ class ModelRunner:
     def __init__(self, model: Decoder, config: EngineConfig, max_model_len: int):
         self.config, self.device = config, torch.device(config.device)
         self.model = model.to(self.device).eval()
-        if self.device.type == "cpu":
-            packed = cpu_linears(self.model)
-            if packed["4-bit"]:
-                print(f"runtime: {packed['4-bit']} int4/int3 Linears run the 4-bit C GEMM", file=sys.stderr)
-            if packed["dequantized"]:
-                print(f"runtime: {packed['dequantized']} int4/int3 Linears dequantized once (no 4-bit CPU kernel here)", file=sys.stderr)
+        self.cpu_kernels = choose(self.model, config) if self.device.type == "cpu" else None  # builds the C kernels now
+        if self.cpu_kernels is not None:
+            for line in self.cpu_kernels.lines():
+                print(f"runtime: {line}", file=sys.stderr)
         cfg = model.cfg
         self.block_size = config.block_size
         self.num_blocks = self._pool_blocks(max_model_len)
@@ -46,11 +43,6 @@ class ModelRunner:
         )
         mib = self.kv.numel() * self.kv.element_size() / 2**20
         print(f"runtime: KV cache {self.num_blocks} blocks x {self.block_size} tokens ({mib:.1f} MiB)", file=sys.stderr)
-        if self.device.type == "cpu":  # builds the C kernel now, not inside the first request's step
-            fallback = "torch ops (not fp32, COMPRESS_CPU_KERNELS=0, or no working C compiler: set CC)"
-            gemm = any(isinstance(m, PanelLinear) for m in self.model.modules())
-            print(f"runtime: matmuls run {'the C GEMM' if gemm else fallback}", file=sys.stderr)
-            print(f"runtime: decode attention runs {'the C kernel' if paged_attention_cpu.supports(self.kv) else fallback}", file=sys.stderr)
 
     def block_bytes(self) -> int:
         return kv_block_bytes(self.model.cfg, self.block_size, self.config.torch_dtype)
@@ -76,7 +68,8 @@ class ModelRunner:
         last_rows = [row for i, end in enumerate(ends) for row in range(end - batch.num_sample_rows(i), end)]
         prompt_rows = [ends[i] - batch.num_new_tokens[i] + (p - starts[i])
                        for i, first, n in batch.prompt_logprob_rows() for p in range(first, first + n)]
-        backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window)
+        cpu_kernel = self.cpu_kernels is not None and self.cpu_kernels.attention_c(len(meta.decode_rows))
+        backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window, cpu_kernel)
         h = self.model.hidden(torch.tensor([ids], device=self.device), meta.positions[None], backend)  # [1, N, C]
         logits = self.model.lm_head(h[0, last_rows + prompt_rows]).float()  # [S + R, V]
         return logits[:len(last_rows)], logits[len(last_rows):]

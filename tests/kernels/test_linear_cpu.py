@@ -1,4 +1,4 @@
-"""The CPU GEMM over packed panels against F.linear."""
+"""The CPU GEMM over the plain [O, I] weight against F.linear, in each x86 build."""
 
 import importlib
 
@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from compress.kernels import cpu_build
 from tests.kernels.tolerance import assert_matches
 
 kernel = importlib.import_module("compress.kernels.linear_cpu")
@@ -13,55 +14,55 @@ needs_kernel = pytest.mark.skipif(kernel.load() is None, reason="no C compiler b
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 5, 6, 7, 13, 64])  # a partial tile, one tile, tiles plus a remainder
-@pytest.mark.parametrize("out_features", [32, 29])  # whole panels, and a ragged last panel
-def test_matches_torch(rows, out_features):
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 64])  # partial tiles, one tile, tiles plus a remainder
+@pytest.mark.parametrize("out_features,in_features", [(36, 96), (29, 100), (7, 17)])  # whole tiles; ragged in both
+def test_matches_torch_in_each_build(isa, rows, out_features, in_features):
     g = torch.Generator().manual_seed(rows)
-    x, w, b = torch.randn(rows, 1, 96, generator=g), torch.randn(out_features, 96, generator=g), torch.randn(out_features, generator=g)
-    panels = kernel.pack(w)
-    assert_matches(kernel.linear(x, panels, out_features, b), F.linear(x, w, b))
-    assert_matches(kernel.linear(x, panels, out_features), F.linear(x, w))
+    x, w = torch.randn(rows, 1, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
+    b = torch.randn(out_features, generator=g)
+    assert_matches(kernel.linear(x, w, b), F.linear(x, w, b))
+    assert_matches(kernel.linear(x, w), F.linear(x, w))
 
 
 @needs_kernel
-def test_threads_odd_widths_and_non_contiguous_inputs():
+def test_each_build_has_its_vector_width(isa):
+    wide = "avx512f" in cpu_build.machine().split()
+    expected = {"native": 16 if wide else 8, "avx2": 8}[isa] if cpu_build.X86 else 4
+    assert kernel.load().vector_width() == expected
+
+
+@needs_kernel
+def test_blocks_of_a_large_x_and_threads(isa):
+    """x beyond one 256 KiB block: inputs cut into blocks of whole vectors, rows into blocks; two threads."""
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(17, 23, generator=g).t(), torch.randn(17, 40, generator=g).t()  # [23, 17], [40, 17]: views
+    x, w = torch.randn(300, 1100, generator=g), torch.randn(50, 1100, generator=g)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert_matches(kernel.linear(x, kernel.pack(w), 40), F.linear(x, w))
+        assert_matches(kernel.linear(x, w), F.linear(x, w))
     finally:
         torch.set_num_threads(threads)
 
 
 @needs_kernel
-def test_no_rows_gives_an_empty_result():
-    w = torch.randn(20, 8)
-    assert kernel.linear(torch.randn(0, 8), kernel.pack(w), 20).shape == (0, 20)
-
-
-def test_pack_interleaves_sixteen_output_rows_and_pads_with_zeros():
-    w = torch.arange(20 * 3, dtype=torch.float32).view(20, 3)  # [O=20, I=3]
-    panels = kernel.pack(w)
-    assert panels.shape == (2, 3, 16)
-    assert torch.equal(panels[1, 2, :4], w[16:, 2]) and torch.equal(panels[0, 1], w[:16, 1])
-    assert not panels[1, :, 4:].any()
+def test_non_contiguous_inputs_and_empty_shapes():
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(17, 23, generator=g).t(), torch.randn(17, 40, generator=g).t()  # [23, 17], [40, 17]: views
+    assert_matches(kernel.linear(x, w), F.linear(x, w))
+    assert kernel.linear(torch.randn(0, 8), torch.randn(20, 8)).shape == (0, 20)
+    assert torch.equal(kernel.linear(torch.randn(3, 0), torch.randn(5, 0)), torch.zeros(3, 5))  # an empty sum
 
 
 def test_what_it_rejects():
     w = torch.randn(16, 32)
-    panels = kernel.pack(w)
-    with pytest.raises(ValueError, match="do not pack 40 output rows"):
-        kernel.linear(torch.randn(2, 32), panels, 40)
+    with pytest.raises(ValueError, match="2-D"):
+        kernel.linear(torch.randn(2, 32), w[None])
     with pytest.raises(ValueError, match="32 features"):
-        kernel.linear(torch.randn(2, 31), panels, 16)
+        kernel.linear(torch.randn(2, 31), w)
     with pytest.raises(ValueError, match="float32"):
-        kernel.linear(torch.randn(2, 32).double(), panels, 16)
+        kernel.linear(torch.randn(2, 32).double(), w)
     with pytest.raises(ValueError, match=r"bias must have shape \[16\]"):
-        kernel.linear(torch.randn(2, 32), panels, 16, torch.randn(15))
+        kernel.linear(torch.randn(2, 32), w, torch.randn(15))
     with pytest.raises(ValueError, match="on the CPU"):
-        kernel.linear(torch.randn(2, 32, device="meta"), panels, 16)
-    with pytest.raises(ValueError, match="2-D torch.float32"):
-        kernel.pack(w.double())
+        kernel.linear(torch.randn(2, 32, device="meta"), w)
     assert not kernel.supports(w.double())

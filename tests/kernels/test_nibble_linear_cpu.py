@@ -1,4 +1,4 @@
-"""The 4-bit CPU GEMM against the reference dequant-matmul on the same pack-quantized weight."""
+"""The 4-bit CPU GEMM and its dequantize against the reference on the same pack-quantized weight, in each x86 build."""
 
 import importlib
 
@@ -29,65 +29,82 @@ def reference_linear(x, codes, scale, zero, bits, bias=None):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows", [1, 2, 3, 5, 6, 7, 13, 64])  # each tile size, tiles plus a remainder
-@pytest.mark.parametrize("out_features", [32, 29])  # whole panels, and a ragged last panel
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 64])  # the in-register tiles (<= 4 rows), the block-dequantized path
+@pytest.mark.parametrize("out_features", [36, 29])  # whole tiles, and a ragged last one
 @pytest.mark.parametrize("bits", [4, 3])
-def test_matches_the_reference(rows, out_features, bits):
+def test_matches_the_reference_in_each_build(isa, rows, out_features, bits):
     codes, scale, zero = random_weight(out_features, 96, 32, bits, seed=rows)
     x, b = torch.randn(rows, 1, 96), torch.randn(out_features)
     packed = kernel.pack(codes, scale, zero)
-    assert_matches(kernel.linear(x, packed, out_features, b), reference_linear(x, codes, scale, zero, bits, b))
-    assert_matches(kernel.linear(x, packed, out_features), reference_linear(x, codes, scale, zero, bits))
+    assert_matches(kernel.linear(x, packed, b), reference_linear(x, codes, scale, zero, bits, b))
+    assert_matches(kernel.linear(x, packed), reference_linear(x, codes, scale, zero, bits))
 
 
 @needs_kernel
-@pytest.mark.parametrize("group", [3, 96])  # odd group (the two-chain loop's remainder), one group per row
-def test_odd_and_whole_row_groups(group):
-    codes, scale, zero = random_weight(20, 96, group, 4, seed=group)
-    x = torch.randn(2, 96)
-    assert_matches(kernel.linear(x, kernel.pack(codes, scale, zero), 20), reference_linear(x, codes, scale, zero, 4))
+@pytest.mark.parametrize("rows,in_features,group", [(2, 1024, 1024), (40, 2048, 128), (300, 1600, 64)])
+def test_whole_row_groups_and_blocks_of_inputs(isa, rows, in_features, group):
+    """One group per row; several blocks of KC inputs (whole groups each); x beyond one 256 KiB block."""
+    codes, scale, zero = random_weight(20, in_features, group, 4, seed=rows)
+    x = torch.randn(rows, in_features)
+    assert_matches(kernel.linear(x, kernel.pack(codes, scale, zero)), reference_linear(x, codes, scale, zero, 4))
+
+
+@needs_kernel
+def test_dequantize_gives_the_reference_weight(isa):
+    codes, scale, zero = random_weight(29, 128, 64, 4, seed=3)
+    ref = reference.dequantize_packed(packing.pack(codes, 4), scale, packing.pack_zero_points(zero, 4), 4, 128)
+    assert_matches(kernel.dequantize(kernel.pack(codes, scale, zero)), ref)
+    scratch = torch.full((29 * 128 + 5,), float("nan"))
+    w = kernel.dequantize(kernel.pack(codes, scale, zero), scratch)
+    assert w.data_ptr() == scratch.data_ptr() and w.shape == (29, 128)  # written into the buffer given
+    assert_matches(w, ref)
+    with pytest.raises(ValueError, match="at least 3712"):
+        kernel.dequantize(kernel.pack(codes, scale, zero), torch.empty(100))
 
 
 @needs_kernel
 def test_threads_and_non_contiguous_inputs():
-    codes, scale, zero = random_weight(40, 64, 16, 4, seed=1)
+    codes, scale, zero = random_weight(40, 64, 32, 4, seed=1)
     x = torch.randn(64, 9).t()  # [9, 64]: a view
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert_matches(kernel.linear(x, kernel.pack(codes, scale, zero), 40), reference_linear(x, codes, scale, zero, 4))
+        assert_matches(kernel.linear(x, kernel.pack(codes, scale, zero)), reference_linear(x, codes, scale, zero, 4))
     finally:
         torch.set_num_threads(threads)
 
 
 @needs_kernel
 def test_no_rows_gives_an_empty_result():
-    packed = kernel.pack(*random_weight(20, 32, 16, 4, seed=0))
-    assert kernel.linear(torch.randn(0, 32), packed, 20).shape == (0, 20)
+    packed = kernel.pack(*random_weight(20, 32, 32, 4, seed=0))
+    assert kernel.linear(torch.randn(0, 32), packed).shape == (0, 20)
 
 
-def test_pack_puts_rows_j_and_j_plus_8_in_one_byte():
-    codes = (torch.arange(20 * 3) % 16).to(torch.uint8).view(20, 3)  # [O=20, I=3]
-    scale, zero = torch.full((20, 1), 0.5), torch.full((20, 1), 3, dtype=torch.int32)
+def test_pack_puts_codes_j_and_j_plus_16_of_a_chunk_in_one_byte():
+    codes = (torch.arange(3 * 64) % 16).to(torch.uint8).view(3, 64)  # [O=3, I=64]: two chunks per row
+    scale, zero = torch.full((3, 2), 0.5), torch.full((3, 2), 3, dtype=torch.int32)
     q, s, o = kernel.pack(codes, scale, zero)
-    assert q.shape == (2, 3, 8) and s.shape == o.shape == (2, 1, 16)
-    assert q[0, 1, 2] == codes[2, 1] | (codes[10, 1] << 4)
-    assert q[1, 2, 3] == codes[19, 2] and not q[1, :, 4:].any()  # rows past 20 are zero
-    assert s[0, 0, 5] == 0.5 and o[0, 0, 5] == -1.5  # offset = -zero * scale
+    assert q.shape == (3, 32) and s.shape == o.shape == (3, 2)
+    assert q[1, 2] == codes[1, 2] | (codes[1, 18] << 4)
+    assert q[2, 16 + 5] == codes[2, 32 + 5] | (codes[2, 32 + 21] << 4)  # the second chunk
+    assert s[0, 1] == 0.5 and o[0, 1] == -1.5  # offset = -zero * scale
 
 
 def test_what_it_rejects():
-    codes, scale, zero = random_weight(16, 32, 16, 4, seed=0)
+    codes, scale, zero = random_weight(16, 64, 32, 4, seed=0)
     packed = kernel.pack(codes, scale, zero)
-    with pytest.raises(ValueError, match="do not hold 40 output rows"):
-        kernel.linear(torch.randn(2, 32), packed, 40)
-    with pytest.raises(ValueError, match="32 features"):
-        kernel.linear(torch.randn(2, 31), packed, 16)
+    with pytest.raises(ValueError, match="64 features"):
+        kernel.linear(torch.randn(2, 63), packed)
     with pytest.raises(ValueError, match="float32"):
-        kernel.linear(torch.randn(2, 32).double(), packed, 16)
+        kernel.linear(torch.randn(2, 64).double(), packed)
     with pytest.raises(ValueError, match="on the CPU"):
-        kernel.linear(torch.randn(2, 32, device="meta"), packed, 16)
+        kernel.linear(torch.randn(2, 64, device="meta"), packed)
+    with pytest.raises(ValueError, match="do not describe one weight"):
+        kernel.linear(torch.randn(2, 64), (packed[0], packed[1][:8], packed[2]))
     with pytest.raises(ValueError, match="below 16"):
         kernel.pack(codes.int().to(torch.uint8) + 16, scale, zero)
     with pytest.raises(ValueError, match="one grouped weight"):
         kernel.pack(codes, scale[:, :1].expand(16, 3), zero[:, :1].expand(16, 3))
+    with pytest.raises(ValueError, match="multiple of 32"):
+        kernel.pack(*random_weight(16, 48, 16, 4, seed=0))
+    assert not kernel.supports(torch.ones(4, 3), 48)  # groups of 16 codes

@@ -1,4 +1,4 @@
-"""The CPU C kernel for paged decode attention against reference.paged_attention, and its build cache."""
+"""The CPU C kernel for paged decode attention against reference.paged_attention (in each x86 build), and its build cache."""
 
 import importlib
 
@@ -16,7 +16,7 @@ needs_compiler = pytest.mark.skipif(kernel.load() is None, reason="no C compiler
 @needs_compiler
 @pytest.mark.parametrize("ratio", [1, 3, 8])  # query heads per KV head
 @pytest.mark.parametrize("dim", [64, 128, 24])  # the two compiled-in head sizes and the generic loop
-def test_matches_reference_ragged(ratio, dim):
+def test_matches_reference_ragged(isa, ratio, dim):
     args = operands([1, 17, 40, 16], 2 * ratio, 2, dim)  # 1 token, one past a block, 2.5 blocks, exactly one
     assert_matches(kernel.paged_attention(*args), reference.paged_attention(*args))
 

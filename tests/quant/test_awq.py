@@ -5,7 +5,9 @@ from compress.model.config import ModelConfig
 from compress.model.load import build, load_weights
 from compress.quant import primitives
 from compress.quant.apply import quantize
-from compress.quant.awq import candidate_scales, group_hessians, refit_scale, search_qparams, weighted_error
+from compress.kernels import range_search_cpu
+from compress.quant import awq
+from compress.quant.awq import candidate_scales, group_hessians, refit_scale, scaled_round_trip, search_qparams, weighted_error
 from compress.quant.awq_apply import fold_scales, head_mapping
 from compress.quant.config import QuantConfig
 from compress.quant.linear import PackedLinear
@@ -172,15 +174,58 @@ def outlier_layer(seed, out=48, width=256):
     return w, x
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("spec", [IntSpec(4, 64), IntSpec(3, 64), IntSpec(4, 32, symmetric=True), IntSpec(3, 128)])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_exhaustive_range_search_matches_the_reference_exactly(spec, seed):
+def test_exhaustive_range_search_matches_the_reference_exactly(monkeypatch, spec, seed, fused):
+    """Both paths, the C kernel's (where it is built and takes the group size) and torch's."""
     w, x = outlier_layer(seed)
     h = group_hessians(x, spec.group_size)
+    if fused and not awq.fused_search(grouped(w, spec.group_size).transpose(0, 1), spec):
+        pytest.skip("no C kernel for this group size here")
+    if not fused:
+        monkeypatch.setattr(awq, "fused_search", lambda *a: False)
     scale, zero = search_qparams(w, h, spec)
     ref_scale, ref_zero = reference_search(w, h, spec)
     assert torch.equal(scale, ref_scale) and torch.equal(zero, ref_zero)
     assert zero.dtype == torch.int32
+
+
+def test_the_c_kernel_takes_the_usual_group_sizes_here():
+    """On an x86 host with a C compiler (this project's machines), 64 and 128 go through the kernel."""
+    if range_search_cpu.load() is None:
+        pytest.skip("no C compiler")
+    for g in (64, 128):
+        assert awq.fused_search(torch.zeros(1, 8, g), IntSpec(4, g))
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_search_gives_the_same_grids_on_any_thread_count(threads):
+    """The tiles run side by side, one thread each: the result is the one-thread result (and the reference's)."""
+    w, x = outlier_layer(3, out=512)
+    spec = IntSpec(4, 64)
+    h = group_hessians(x, spec.group_size)
+    assert awq.tile_weights(w.device, w.numel()) < w.numel()  # several tiles
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        scale, zero = search_qparams(w, h, spec)
+    finally:
+        torch.set_num_threads(before)
+    ref_scale, ref_zero = reference_search(w, h, spec)
+    assert torch.equal(scale, ref_scale) and torch.equal(zero, ref_zero)
+    assert torch.get_num_threads() == before
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("spec", [IntSpec(4, 32), IntSpec(3, 64), IntSpec(4, 32, symmetric=True)])
+def test_scaled_round_trip_is_the_expression_bit_for_bit(monkeypatch, spec, dtype):
+    monkeypatch.setattr(awq, "ROUND_TRIP_ELEMENTS", 5 * 128)  # blocks of 5 rows, the last one short
+    g = torch.Generator().manual_seed(0)
+    w = (torch.randn(33, 128, generator=g) * 0.05).to(dtype)
+    w[:, 7] *= 20
+    se = (torch.rand(128, generator=g) * 3 + 0.25).to(dtype)
+    assert torch.equal(scaled_round_trip(w, se, spec), pseudo_quantize(w * se, spec) / se)
 
 
 @pytest.mark.parametrize("bits", [3, 4])
@@ -203,11 +248,12 @@ def test_gptq_sees_each_linears_inputs_after_the_fold(monkeypatch):
     tr(W H W^T) = E|y|^2 must match the outputs of the original block 0 on the calibration tokens."""
     from compress.quant import awq_apply
 
-    seen = []
+    seen = {}  # block 0's Linears by name (GPTQ runs them side by side, in no fixed order)
     real = awq_apply.gptq_codes
-    monkeypatch.setattr(awq_apply, "gptq_codes", lambda w, h, *a: seen.append((w.clone(), h)) or real(w, h, *a))
     calib = torch.randint(0, 256, (8, 64), generator=torch.Generator().manual_seed(0))
     fp, model = planted_model(), planted_model()
+    names = {id(m.weight): name for name, m in model.model.layers[0].named_modules() if isinstance(m, torch.nn.Linear)}
+    monkeypatch.setattr(awq_apply, "gptq_codes", lambda w, h, *a: seen.setdefault(names.get(id(w)), (w.clone(), h)) and real(w, h, *a))
     outputs = {}
     block = fp.model.layers[0]
     for name in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.down_proj"):
@@ -215,7 +261,6 @@ def test_gptq_sees_each_linears_inputs_after_the_fold(monkeypatch):
     with torch.no_grad():
         fp(calib)
     quantize(model, QuantConfig(method="awq", bits=4, group_size=32, search_sequences=4, search_tokens=256), calib=calib)
-    order = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
-    for name, (w, h) in zip(order, seen[: len(order)]):  # block 0's Linears, in the order of the scale groups
-        if name in outputs:
-            assert torch.trace(w.float() @ h @ w.float().T).item() == pytest.approx(outputs[name], rel=1e-3), name
+    for name, value in outputs.items():
+        w, h = seen[name]
+        assert torch.trace(w.float() @ h @ w.float().T).item() == pytest.approx(value, rel=1e-3), name

@@ -1,0 +1,102 @@
+"""The CPU path's kernels, chosen at engine start: every Linear swapped (``cpu_linears``) and decode
+attention, each running the kernel measured fastest at each row count on this machine
+(``kernel_choice``), and the ``runtime:`` lines that say what was chosen.
+
+Decode attention is timed as a step's call for one layer: ``rows`` sequences (one new token each)
+of up to CONTEXT tokens (fewer where that would read more than KV_BYTES), their blocks scattered
+over the pool, the C kernel (``kernels/paged_attention_cpu.py``) against ``PagedAttention``'s torch
+path (grouped gather + SDPA), at each bucket of 1..max_num_seqs rows; more rows (speculative
+verification) take the choice at max_num_seqs.
+"""
+
+import time
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from compress.kernels import paged_attention_cpu
+from compress.model.config import ModelConfig
+from compress.runtime.attention import AttentionMetadata, PagedAttention
+from compress.runtime.config import EngineConfig
+from compress.runtime.cpu_linears import Swapped, candidates, cpu_linears
+from compress.runtime.kernel_choice import C, TORCH, Plan, Timings, time_candidates
+
+CONTEXT = 256
+KV_BYTES = 64 << 20
+
+FALLBACK = "torch ops (not fp32, COMPRESS_CPU_KERNELS=0, or no working C compiler: set CC)"
+
+
+def decode_candidates(cfg: ModelConfig, block_size: int, rows: int) -> dict:
+    """The C kernel and torch's path, each one layer's decode attention over `rows` sequences."""
+    per_token = 2 * cfg.num_kv_heads * cfg.head_dim * 4  # K and V, fp32
+    context = max(1, min(CONTEXT, KV_BYTES // (rows * per_token)))
+    blocks = -(-context // block_size)
+    gen = torch.Generator().manual_seed(0)
+    kv = torch.randn(2, 1, rows * blocks, block_size, cfg.num_kv_heads, cfg.head_dim, generator=gen)
+    order = torch.randperm(rows * blocks, generator=gen).tolist()
+    tables = [order[i * blocks:(i + 1) * blocks] for i in range(rows)]
+    meta = AttentionMetadata.build([context - 1] * rows, [1] * rows, tables, block_size, "cpu")
+    q = torch.randn(1, rows, cfg.num_heads, cfg.head_dim, generator=gen)
+    k, v = (torch.randn(1, rows, cfg.num_kv_heads, cfg.head_dim, generator=gen) for _ in range(2))
+    backends = {C: PagedAttention(kv, meta, None, cpu_kernel=True), TORCH: PagedAttention(kv, meta, None, cpu_kernel=False)}
+    return {name: (lambda b=b: b(0, q, k, v)) for name, b in backends.items()}
+
+
+def attention_op(cfg: ModelConfig, block_size: int) -> str:
+    return f"attention {cfg.num_heads}x{cfg.num_kv_heads}x{cfg.head_dim} block {block_size} context {CONTEXT} kv {KV_BYTES}"
+
+
+@dataclass
+class CpuKernels:
+    linears: Swapped
+    attention: Plan | None  # None: decode attention always takes torch's path (no C kernel, or a sliding window)
+    measured: int  # buckets timed at this start (the others came from the cache)
+    skipped: int  # buckets left untimed (budget spent, or too noisy): they take the nearest timed bucket's choice
+    seconds: float
+    attention_fallback: str = FALLBACK  # why attention is None
+
+    def __post_init__(self):
+        self.attention_table = self.attention.table() if self.attention is not None else [False]
+
+    def attention_c(self, rows: int) -> bool:
+        """Whether a step with `rows` decode rows runs the C attention kernel."""
+        table = self.attention_table
+        return table[rows] if rows < len(table) else table[-1]
+
+    def lines(self) -> list[str]:
+        """What was chosen, one line per Linear shape and one for attention (printed after "runtime: ")."""
+        skipped = f", {self.skipped} untimed (time budget spent or a busy machine; timed at the next start)" if self.skipped else ""
+        out = [f"kernels chosen against torch at {torch.get_num_threads()} threads: {self.measured} row counts timed now "
+               f"({self.seconds:.1f} s){skipped}, the rest cached"] if self.linears.groups else []
+        out += [g.describe() for g in self.linears.groups]
+        if scratch := self.linears.scratch_bytes():
+            out.append(f"int4/int3 Linears on torch's path dequantize into one {scratch / 2**20:.1f} MiB scratch buffer")
+        if self.linears.dequantized:
+            out.append(f"{self.linears.dequantized} int4/int3 Linears dequantized once (no 4-bit CPU kernel for them here)")
+        if not self.linears.groups:
+            out.append(f"matmuls run {FALLBACK}")
+        out.append(f"decode attention: {self.attention.describe() if self.attention else self.attention_fallback}")
+        return out
+
+
+def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = None) -> CpuKernels:
+    """Swap model's Linears and choose every kernel per row count, timing what ``timings`` (the cache) lacks."""
+    start, timings = time.monotonic(), timings or Timings()
+    linears = cpu_linears(model)
+    for g in linears.groups:
+        timings.request(g.op, config.max_num_batched_tokens, g.preferred, lambda rows, g=g: time_candidates(candidates(g, rows)))
+    cfg, why = model.cfg, FALLBACK
+    attention = cfg.sliding_window is None and paged_attention_cpu.supports(torch.empty(0, dtype=config.torch_dtype))
+    if cfg.sliding_window is not None:
+        why = "torch's path (the C kernel has no sliding window)"
+    elif attention:
+        timings.request(attention_op(cfg, config.block_size), config.max_num_seqs, TORCH,
+                        lambda rows: time_candidates(decode_candidates(cfg, config.block_size, rows)))
+    plans = timings.plans()
+    for g in linears.groups:
+        g.apply(plans[g.op])
+    timings.save()
+    attention_plan = plans[attention_op(cfg, config.block_size)] if attention else None
+    return CpuKernels(linears, attention_plan, timings.measured, timings.skipped, time.monotonic() - start, why)
