@@ -168,6 +168,10 @@ DRAFT = click.option("--draft", default=None, help="speculative decoding: a smal
                                                   "tokens, or 'ngram' (prompt lookup, no model)")
 NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, default=4, show_default=True,
                                       help="draft tokens verified per step (with --draft)")
+CPU_LM_HEAD = click.option("--cpu-lm-head", type=click.Choice(["stored", "int8"]), default="stored", show_default=True,
+                           help="CPU: int8 holds the lm_head as int8 per row, a quarter of fp32's bytes (docs/runtime.md)")
+CPU_INT8_ACTIVATIONS = click.option("--cpu-int8-activations", is_flag=True,
+                                    help="CPU: int4 Linears round their inputs to int8 per 64 and use integer dot products")
 DRAFT_VOCAB = click.option("--draft-vocab", type=int, default=None,
                            help="the draft model scores only token ids below this (a cheaper output layer) [default: all]")
 
@@ -185,14 +189,16 @@ DRAFT_VOCAB = click.option("--draft-vocab", type=int, default=None,
 @DRAFT
 @NUM_SPECULATIVE_TOKENS
 @DRAFT_VOCAB
+@CPU_LM_HEAD
+@CPU_INT8_ACTIVATIONS
 def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, kv_cache_memory, draft, num_speculative_tokens,
-             draft_vocab):
+             draft_vocab, cpu_lm_head, cpu_int8_activations):
     """Generate a completion of PROMPT with MODEL on the runtime, streamed to the terminal."""
     from compress.commands.generate import run_generate
 
     params = dict(max_tokens=max_tokens, temperature=temperature, top_p=top_p, top_k=top_k, seed=seed)
     engine = dict(kv_cache_memory=kv_cache_memory, draft=draft, num_speculative_tokens=num_speculative_tokens,
-                  draft_vocab=draft_vocab)
+                  draft_vocab=draft_vocab, cpu_lm_head=cpu_lm_head, cpu_int8_activations=cpu_int8_activations)
     run_generate(model, prompt, params, chat, engine)
 
 
@@ -222,8 +228,11 @@ def generate(model, prompt, max_tokens, temperature, top_p, top_k, seed, chat, k
               help="with --draft: 0 = greedy (outputs must equal the target's), else seeded sampling")
 @click.option("--llamacpp", metavar="GGUF", default=None,
               help="instead: llama.cpp's batch-1 decode of GGUF against MODEL's, interleaved (pip install 'compress[llamacpp]')")
+@CPU_LM_HEAD
+@CPU_INT8_ACTIVATIONS
 def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, compare, plot, requests, max_prompt, max_new, no_hf,
-          kv_cache_memory, max_num_batched_tokens, draft, num_speculative_tokens, draft_vocab, temperature, llamacpp):
+          kv_cache_memory, max_num_batched_tokens, draft, num_speculative_tokens, draft_vocab, temperature, llamacpp, cpu_lm_head,
+          cpu_int8_activations):
     """TTFT, inter-token latency and decode tok/s by batch size beside the memory-bandwidth roofline; a mixed workload vs transformers."""
     from pathlib import Path
 
@@ -232,7 +241,8 @@ def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, co
     sweep = sweep_config(batch_sizes, prompt_len, new_tokens, repeats, llamacpp is not None)
     cfg = BenchConfig(workload, sweep, gpu, compare, Path(plot) if plot else None, not no_hf, requests, max_prompt, max_new,
                       kv_cache_memory, max_num_batched_tokens, drafts=draft, num_speculative_tokens=num_speculative_tokens,
-                      draft_vocab=draft_vocab, temperature=temperature, llamacpp=Path(llamacpp) if llamacpp else None)
+                      draft_vocab=draft_vocab, temperature=temperature, llamacpp=Path(llamacpp) if llamacpp else None,
+                      cpu_lm_head=cpu_lm_head, cpu_int8_activations=cpu_int8_activations)
     run_benchmark(model, cfg)
 
 
@@ -253,14 +263,17 @@ def bench(model, workload, batch_sizes, prompt_len, new_tokens, repeats, gpu, co
 @DRAFT
 @NUM_SPECULATIVE_TOKENS
 @DRAFT_VOCAB
+@CPU_LM_HEAD
+@CPU_INT8_ACTIVATIONS
 def serve(model, host, port, served_model_name, api_key, max_num_seqs, max_waiting, max_model_len, kv_cache_memory,
-          max_body_bytes, dtype, draft, num_speculative_tokens, draft_vocab):
+          max_body_bytes, dtype, draft, num_speculative_tokens, draft_vocab, cpu_lm_head, cpu_int8_activations):
     """Serve MODEL with an OpenAI-compatible API (/v1/completions, /v1/chat/completions, /metrics)."""
     from compress.runtime.server import serve as run_server
 
     run_server(model, host, port, served_model_name, api_key, max_waiting, max_body_bytes, max_num_seqs=max_num_seqs,
                max_model_len=max_model_len, kv_cache_memory=kv_cache_memory, dtype=dtype, draft=draft,
-               num_speculative_tokens=num_speculative_tokens, draft_vocab=draft_vocab)
+               num_speculative_tokens=num_speculative_tokens, draft_vocab=draft_vocab, cpu_lm_head=cpu_lm_head,
+               cpu_int8_activations=cpu_int8_activations)
 
 
 def main():

@@ -7,7 +7,7 @@ works, or with ``COMPRESS_CPU_KERNELS=0``, ``load`` returns None and callers run
 
 Vector width: every source starts with ``PREAMBLE``, which picks the widest vectors the target has
 (16 floats with AVX-512, 8 with AVX/AVX2, 4 on NEON and anything else). ``COMPRESS_CPU_ISA=avx2``
-builds without AVX-512 (``-mno-avx512f``) on an AVX-512 host: the other x86 path, for tests and
+builds without AVX-512 and AVX-VNNI on an AVX-512 host: the other x86 path, for tests and
 comparisons; the library is cached apart from the native one.
 """
 
@@ -28,7 +28,8 @@ OPENMP = ["-fopenmp"]
 # GCC and Clang vectorize loops 256 bits wide even where AVX-512 is there unless asked; the flag is x86-only.
 X86 = platform.machine().lower() in ("x86_64", "amd64", "i386", "i686")
 WIDE = ["-mprefer-vector-width=512"] if X86 else []
-ISAS = {"native": [], "avx2": ["-mno-avx512f"]}  # COMPRESS_CPU_ISA: extra flags on top of -march=native
+# COMPRESS_CPU_ISA: extra flags on top of -march=native; "avx2" is an AVX2-only host (no AVX-512, no AVX-VNNI)
+ISAS = {"native": [], "avx2": ["-mno-avx512f", "-mno-avxvnni"]}
 
 PREAMBLE = r"""
 #include <stddef.h>

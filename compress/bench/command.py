@@ -55,6 +55,8 @@ class BenchConfig:
     draft_vocab: int | None = None  # the draft models' output layer keeps token ids below this
     temperature: float = 0.0  # speculative bench: 0 greedy (outputs must equal the target's), else seeded sampling
     llamacpp: Path | None = None  # instead of the workloads: batch-1 decode of llama.cpp on this GGUF against MODEL
+    cpu_lm_head: str = "stored"  # EngineConfig's CPU options, for every engine of the run
+    cpu_int8_activations: bool = False
 
     def __post_init__(self):
         if self.workload not in WORKLOADS:
@@ -89,7 +91,8 @@ class BenchConfig:
             itemsize = EngineConfig().resolved(checkpoint_dtype(model_dir)).torch_dtype.itemsize  # the dtype the engine runs here
             kv = self.sweep.kv_cache_bytes(kv_bytes_per_token(ModelConfig.from_hf(read_config(model_dir)), itemsize))
         return dict(kv_cache_memory=kv, max_num_batched_tokens=self.max_num_batched_tokens,
-                    max_num_seqs=max(64, *self.sweep.batch_sizes))
+                    max_num_seqs=max(64, *self.sweep.batch_sizes), cpu_lm_head=self.cpu_lm_head,
+                    cpu_int8_activations=self.cpu_int8_activations)
 
 
 def run_benchmark(model: str, cfg: BenchConfig) -> list[list[dict]]:

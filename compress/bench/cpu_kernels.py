@@ -36,7 +36,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, paged_attention_cpu
+from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_kernels import decode_candidates
@@ -59,11 +59,12 @@ def host() -> str:
     names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
              if line.startswith("model name")] if cpuinfo.exists() else []
     flags = cpu_build.machine().split()
-    simd = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_tile", "asimd", "sve") if f in flags]
-    build = {"native": "-march=native", "avx2": "-march=native -mno-avx512f"}[cpu_build.isa()]
+    simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "asimd", "sve") if f in flags]
+    build = {"native": "-march=native", "avx2": "-march=native -mno-avx512f -mno-avxvnni"}[cpu_build.isa()]
     return (f"host: {platform.machine()}, {names[0] if names else platform.processor() or 'CPU'}; "
             f"{' '.join(simd) or 'no wide vectors'}; {torch.get_num_threads()} threads; torch {torch.__version__}; "
-            f"C kernels {build} (COMPRESS_CPU_ISA={cpu_build.isa()}), {linear_cpu.load().vector_width()}-float vectors")
+            f"C kernels {build} (COMPRESS_CPU_ISA={cpu_build.isa()}), {linear_cpu.load().vector_width()}-float vectors, "
+            f"int8 dot product {nibble_q8_cpu.isa()}")
 
 
 def attention_step(repeats: int, seqs: int = 64, layers: int = LAYERS) -> tuple[float, float, int]:

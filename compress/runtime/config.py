@@ -9,6 +9,7 @@ from compress.model.load import dtype_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTO = "auto"  # the checkpoint's dtype on CUDA; float32 on CPU, where the C kernels are fp32
+LM_HEADS = ("stored", "int8")  # CPU: the lm_head as the checkpoint stores it, or int8 per row (docs/runtime.md)
 
 
 @dataclass
@@ -24,6 +25,8 @@ class EngineConfig:
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     num_speculative_tokens: int = 4  # draft tokens per step when the engine has a draft model
     draft_vocab: int | None = None  # the draft proposes only token ids below this (None: all)
+    cpu_lm_head: str = "stored"  # CPU: "int8" holds the lm_head as int8 per row (a quarter of fp32's bytes)
+    cpu_int8_activations: bool = False  # CPU: int4 Linears round their inputs to int8 (integer dot products)
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_speculative_tokens"):
@@ -39,6 +42,10 @@ class EngineConfig:
             raise UserError(f"max_model_len must be at least 2, got {self.max_model_len}")
         if self.dtype not in (AUTO, *DTYPES):
             raise UserError(f"dtype must be one of {AUTO}, {', '.join(DTYPES)}, got {self.dtype}")
+        if self.cpu_lm_head not in LM_HEADS:
+            raise UserError(f"cpu_lm_head must be one of {', '.join(LM_HEADS)}, got {self.cpu_lm_head}")
+        if not self.device.startswith("cpu") and (self.cpu_lm_head != "stored" or self.cpu_int8_activations):
+            raise UserError("--cpu-lm-head and --cpu-int8-activations apply to the CPU runtime; leave them out on a GPU")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"device {self.device} requested but CUDA is not available")
 

@@ -84,7 +84,7 @@ class CpuKernels:
 def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = None) -> CpuKernels:
     """Swap model's Linears and choose every kernel per row count, timing what ``timings`` (the cache) lacks."""
     start, timings = time.monotonic(), timings or Timings()
-    linears = cpu_linears(model)
+    linears = cpu_linears(model, config.cpu_lm_head, config.cpu_int8_activations)
     for g in linears.groups:
         timings.request(g.op, config.max_num_batched_tokens, g.preferred, lambda rows, g=g: time_candidates(candidates(g, rows)))
     cfg, why = model.cfg, FALLBACK

@@ -9,6 +9,10 @@ Memory each holds:
   the weight into a ``Scratch`` buffer on every call (amortized where torch wins: many rows); one
   buffer serves every NibbleLinear, as large as the largest dense weight among those that take that
   path at some row count, allocated at the first such call.
+- int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
+  path rounds x to int8 per block of 64 inputs (``kernels/nibble_q8_cpu.py``).
+- an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
+  a quarter of fp32's bytes; a tied embedding keeps its own fp32 table for the lookup.
 A PackedLinear the 4-bit kernel cannot run (no compiler, scales not fp32, groups not a multiple of 32)
 is dequantized once into a CpuLinear; without the fp32 kernel too (no compiler, not fp32) Linears stay
 as they are and PackedLinears become plain Linears of the dequantized weight.
@@ -21,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.kernels import linear_cpu, nibble_linear_cpu
+from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu
 from compress.quant.linear import PackedLinear
 from compress.runtime.kernel_choice import C, TORCH, Plan
 
@@ -70,31 +74,70 @@ class Scratch:
         return self.buffer
 
 
-class NibbleLinear(nn.Module):
-    """An int4/int3 PackedLinear held as nibbles; the 4-bit C GEMM or dequantize-then-torch per its row count."""
+class HeldLinear(nn.Module):
+    """A Linear whose weight is held compressed (``packed``): the C ``kernel`` over it, or per its row count
+    ``dequantize`` into the shared Scratch and torch's GEMM."""
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch):
-        """codes uint8 [O, I], scale and zero [O, G]: a PackedLinear's ``codes()``."""
+    # Subclasses name the kernel module's functions as properties, looked up at each call (tests replace them):
+    # kernel (x, packed, bias) -> y, dequantize (packed, out buffer) -> weight [O, I] fp32.
+
+    def __init__(self, packed: dict[str, torch.Tensor], out_features: int, in_features: int, bias: torch.Tensor | None,
+                 scratch: Scratch):
+        """packed: the kernel's tensors in its order, by the buffer names they are held under."""
         super().__init__()
-        self.out_features, self.in_features = codes.shape
-        self.group_size = self.in_features // scale.shape[1]
-        codes, scales, offsets = nibble_linear_cpu.pack(codes, scale, zero)
-        self.register_buffer("codes", codes)  # [O, I/2] uint8
-        self.register_buffer("scales", scales)  # [O, G] fp32
-        self.register_buffer("offsets", offsets)  # [O, G] fp32
+        self.out_features, self.in_features = out_features, in_features
+        self.names = list(packed)
+        for name, t in packed.items():
+            self.register_buffer(name, t)
         self.bias = _bias(bias)
         self.scratch = scratch
         self.use_c = [True]
 
     @property
-    def packed(self) -> nibble_linear_cpu.Packed:
-        return self.codes, self.scales, self.offsets
+    def packed(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.names)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if _use_c(self.use_c, x.numel() // self.in_features):
-            return nibble_linear_cpu.unchecked(x, self.packed, self.bias)
-        weight = nibble_linear_cpu.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features))
-        return F.linear(x, weight, self.bias)
+            return self.kernel(x, self.packed, self.bias)
+        return F.linear(x, self.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features)), self.bias)
+
+
+class NibbleLinear(HeldLinear):
+    """An int4/int3 PackedLinear held as nibbles (``nibble_linear_cpu.pack``); with ``int8_activations`` its C
+    path rounds x to int8 per block of 64 and takes integer dot products (``nibble_q8_cpu``)."""
+
+    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch,
+                 int8_activations: bool = False):
+        """codes uint8 [O, I], scale and zero [O, G]: a PackedLinear's ``codes()``."""
+        packed = dict(zip(("codes", "scales", "offsets"), nibble_linear_cpu.pack(codes, scale, zero)))  # [O, I/2], [O, G] x2
+        super().__init__(packed, *codes.shape, bias, scratch)
+        self.group_size = self.in_features // scale.shape[1]
+        self.int8_activations = int8_activations
+
+    @property
+    def kernel(self) -> Callable:
+        return nibble_q8_cpu.unchecked if self.int8_activations else nibble_linear_cpu.unchecked
+
+    @property
+    def dequantize(self) -> Callable:
+        return nibble_linear_cpu.dequantize
+
+
+class Int8Linear(HeldLinear):
+    """A Linear held as int8 per output row (``int8_rows_cpu``): the lm_head where the user asks for it."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch):
+        packed = dict(zip(("codes", "scales"), int8_rows_cpu.quantize(weight.detach())))  # [O, I] int8, [O] fp32
+        super().__init__(packed, *weight.shape, bias, scratch)
+
+    @property
+    def kernel(self) -> Callable:
+        return int8_rows_cpu.unchecked
+
+    @property
+    def dequantize(self) -> Callable:
+        return int8_rows_cpu.dequantize
 
 
 def nibble_ready(m: PackedLinear) -> bool:
@@ -110,11 +153,12 @@ def dense_linear(m: PackedLinear, weight: torch.Tensor) -> nn.Linear:
     return new
 
 
-def swap_one(m: nn.Module, scratch: Scratch) -> nn.Module | None:
+def swap_one(m: nn.Module, scratch: Scratch, int8_activations: bool = False) -> nn.Module | None:
     """The module that replaces m on the CPU path, or None where m stays as it is."""
     if isinstance(m, PackedLinear):
         if nibble_ready(m):
-            return NibbleLinear(*m.codes(), m.bias, scratch)
+            int8 = int8_activations and nibble_q8_cpu.supports(m.weight_scale, m.in_features)
+            return NibbleLinear(*m.codes(), m.bias, scratch, int8)
         weight = m.dequantized()
         return CpuLinear(weight, m.bias) if linear_cpu.supports(weight) else dense_linear(m, weight)
     return CpuLinear(m.weight, m.bias) if linear_cpu.supports(m.weight) else None
@@ -130,12 +174,16 @@ class Group:
     @property
     def op(self) -> str:
         m = self.modules[0]
-        return f"linear {m.out_features}x{m.in_features}" + (f" 4-bit g{m.group_size}" if isinstance(m, NibbleLinear) else " fp32")
+        if isinstance(m, NibbleLinear):
+            kind = f" 4-bit g{m.group_size}" + (" int8 activations" if m.int8_activations else "")
+        else:
+            kind = " int8 rows" if isinstance(m, Int8Linear) else " fp32"
+        return f"linear {m.out_features}x{m.in_features}{kind}"
 
     @property
     def preferred(self) -> str:
-        """Within noise, the kernel that needs no scratch: C for NibbleLinears, torch for CpuLinears (see kernel_choice)."""
-        return C if isinstance(self.modules[0], NibbleLinear) else TORCH
+        """Within noise, the kernel that needs no scratch: C for held weights, torch for CpuLinears (see kernel_choice)."""
+        return TORCH if isinstance(self.modules[0], CpuLinear) else C
 
     def apply(self, plan: Plan) -> None:
         self.plan, table = plan, plan.table()
@@ -154,9 +202,9 @@ class Swapped:
     dequantized: int = 0
 
     def scratch_bytes(self) -> int:
-        """The most a Scratch holds: the largest dense weight of a NibbleLinear whose plan runs torch somewhere."""
+        """The most a Scratch holds: the largest dense weight of a HeldLinear whose plan runs torch somewhere."""
         sizes = [4 * g.modules[0].out_features * g.modules[0].in_features for g in self.groups
-                 if isinstance(g.modules[0], NibbleLinear) and TORCH in g.plan.kernels]
+                 if isinstance(g.modules[0], HeldLinear) and TORCH in g.plan.kernels]
         return max(sizes, default=0)
 
 
@@ -178,8 +226,7 @@ def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
         return {C: lambda: [linear_cpu.unchecked(x, w) for w in weights], TORCH: lambda: [F.linear(x, w) for w in weights]}
     packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
     scratch = torch.empty(packs[0][0].shape[0] * in_features)
-    return {C: lambda: [nibble_linear_cpu.unchecked(x, p) for p in packs],
-            TORCH: lambda: [F.linear(x, nibble_linear_cpu.dequantize(p, scratch)) for p in packs]}
+    return {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs]}
 
 
 def group_modules(modules: list[nn.Module]) -> list[Group]:
@@ -190,20 +237,27 @@ def group_modules(modules: list[nn.Module]) -> list[Group]:
     return list(groups.values())
 
 
-def cpu_linears(model: nn.Module) -> Swapped:
+def lm_head_int8(m: nn.Module, scratch: Scratch) -> Int8Linear | None:
+    weight = m.dequantized() if isinstance(m, PackedLinear) else m.weight
+    return Int8Linear(weight, m.bias, scratch) if int8_rows_cpu.supports(weight) else None
+
+
+def cpu_linears(model: nn.Module, lm_head: str = "stored", int8_activations: bool = False) -> Swapped:
     """Swap every Linear and int4/int3 PackedLinear (see the module doc) in place, grouped by shape;
-    each runs torch's kernel (fp32) or the C one (int4/int3) until its group gets a Plan."""
+    each runs torch's kernel (fp32) or the C one (int4/int3) until its group gets a Plan.
+    lm_head "int8": the lm_head is held as int8 per row (a tied embedding keeps its own table);
+    int8_activations: int4 Linears round their inputs to int8 (``nibble_q8_cpu``) where the CPU can."""
     swapped, scratch, new_modules = Swapped(), Scratch(), []
     # Names, not modules: a list of the old modules would keep every one alive until the last is swapped.
     for name in [name for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]:
         m = model.get_submodule(name)
-        new = swap_one(m, scratch)
+        new = (lm_head == "int8" and name == "lm_head" and lm_head_int8(m, scratch)) or swap_one(m, scratch, int8_activations)
         if new is None:
             continue
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, new)
-        swapped.dequantized += isinstance(m, PackedLinear) and not isinstance(new, NibbleLinear)
-        if isinstance(new, (CpuLinear, NibbleLinear)):
+        swapped.dequantized += isinstance(m, PackedLinear) and not isinstance(new, HeldLinear)
+        if isinstance(new, (CpuLinear, HeldLinear)):
             new_modules.append(new)
     swapped.groups = group_modules(new_modules)
     return swapped

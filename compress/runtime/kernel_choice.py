@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, paged_attention_cpu
+from compress.kernels import cpu_build, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu
 
 C, TORCH = "C", "torch"
 REPEATS = 5
@@ -158,7 +158,8 @@ def coarse_first(n: int) -> list[int]:
 
 def host_key() -> str:
     """What a timing depends on besides the op: CPU, torch, threads, and the kernels as built."""
-    sources = [cpu_build.PREAMBLE, linear_cpu.SOURCE, nibble_linear_cpu.SOURCE, paged_attention_cpu.SOURCE, *cpu_build.flags()]
+    sources = [cpu_build.PREAMBLE, linear_cpu.SOURCE, nibble_linear_cpu.SOURCE, nibble_q8_cpu.SOURCE, int8_rows_cpu.SOURCE,
+               paged_attention_cpu.SOURCE, *cpu_build.flags()]
     parts = [cpu_build.machine(), torch.__version__, str(torch.get_num_threads()), *sources]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 

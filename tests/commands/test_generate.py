@@ -29,3 +29,10 @@ def test_chat_wraps_the_prompt_in_the_template(tiny_dir, monkeypatch, capsys):
 def test_bad_options_are_one_line_errors(tiny_dir, monkeypatch, capsys, args, fragment):
     code, _, err = run(monkeypatch, capsys, str(tiny_dir), *args)
     assert code == 2 and len(err.strip().splitlines()) == 1 and fragment in err
+
+
+def test_cpu_lm_head_int8_is_what_the_engine_runs(tiny_dir, monkeypatch, capsys):
+    code, out, err = run(monkeypatch, capsys, str(tiny_dir), "Hello world", "--max-tokens", "8", "--cpu-lm-head", "int8")
+    assert code == 0 and "linear 49152x64 int8 rows (1)" in err
+    llm = LLM(tiny_dir, kv_cache_memory=1 << 20, cpu_lm_head="int8")
+    assert out == llm.generate("Hello world", SamplingParams(max_tokens=8, temperature=0))[0].text + "\n"

@@ -1,0 +1,221 @@
+"""y = x dequant(W)^T (+ b) on CPU for group-quantized int4/int3 W held as ``nibble_linear_cpu.pack``
+gives it, with x quantized to int8 on the fly: integer dot products on x86 (AVX512-VNNI or AVX-VNNI
+``vpdpbusd``, AVX2 ``vpmaddubsw``), the scheme of llama.cpp's Q4_1 x Q8_1 path. Imports only
+torch, the standard library and the shared checks (torch and triton).
+
+Why: the fp32 kernel turns every 4-bit code into a float before its multiply (about five vector
+instructions per 16 weights); here 64 codes take two shifts/masks and two integer dot-product
+instructions, and one float multiply-add per 64 weights and row of x.
+
+The arithmetic, per row r of x and row n of W (w = q * s + offset per group g):
+  x [r, 64b:64b+64] ~ d[r, b] * xi, xi int8 = round(x / d), d = max |x| / 127 of that block of 64
+  y[r, n] = sum_b s[n, g(b)] * d[r, b] * (q . xi)_b  +  sum_g offset[n, g] * (sum of x over group g)
+The offsets' term uses x's exact fp32 sums, so only the codes' term sees x's rounding (at most half
+a step of 1/127 of the block's largest value). The fp32 kernel stays the exact path
+(``nibble_linear_cpu``); the runtime runs this one only where the user allows activation quantization.
+
+x's int8 copy is laid out to match a code row's 32-byte loads (``nibble_linear_cpu`` Layout): of 64
+inputs, byte j < 16 of chunk c holds q[32c + j] in its low nibble and q[32c + 16 + j] in its high one,
+so the low nibbles of 32 bytes are inputs 0-15 and 32-47, the high ones 16-31 and 48-63.
+I and the group size must be multiples of 64 (``supports``).
+"""
+
+import ctypes
+import functools
+
+import torch
+
+from compress.kernels import cpu_build
+from compress.kernels.nibble_linear_cpu import Packed, _check
+
+BLOCK = 64  # inputs per int8 scale of x, and per 32-byte load of codes
+
+SOURCE = r"""
+#include <stdlib.h>
+#include <math.h>
+#if defined(__AVX2__)
+#include <immintrin.h>
+#define HAVE_Q8 1
+#else
+#define HAVE_Q8 0
+#endif
+int available(void) { return HAVE_Q8; }
+
+#if HAVE_Q8
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define ISA 3
+#define DOT(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#elif defined(__AVXVNNI__)
+#define ISA 2
+#define DOT(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#else
+#define ISA 1
+#endif
+#if defined(__AVX512F__)
+#define QRN 4  /* 32 vector registers */
+#else
+#define QRN 2
+#endif
+#define QRM 4
+
+/* 0 none, 1 AVX2 maddubs, 2 AVX-VNNI, 3 AVX512-VNNI: what this build's integer dot product is. */
+int dot_isa(void) { return ISA; }
+
+/* Row r of x [M, I] -> xi (I bytes, each block of 64 as [low-nibble inputs 32 | high-nibble inputs 32]),
+   d [I/64] and sums [G] (exact fp32 sums of x over each group of gs). */
+static void quantize_row(const float *x, signed char *xi, float *d, float *sums, int I, int G, int gs) {
+    for (int g = 0; g < G; g++) {
+        float s = 0.f;
+        for (int k = g * gs; k < (g + 1) * gs; k++) s += x[k];
+        sums[g] = s;
+    }
+    for (int b = 0; b < I / 64; b++) {
+        const float *xb = x + 64 * b;
+        float amax = 0.f;
+        for (int k = 0; k < 64; k++) amax = fmaxf(amax, fabsf(xb[k]));
+        const float step = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
+        d[b] = step;
+        signed char *o = xi + 64 * b;
+        for (int j = 0; j < 16; j++) {
+            o[j] = (signed char)lrintf(xb[j] * inv);             /* low nibbles: inputs 0-15, 32-47 */
+            o[16 + j] = (signed char)lrintf(xb[32 + j] * inv);
+            o[32 + j] = (signed char)lrintf(xb[16 + j] * inv);   /* high nibbles: inputs 16-31, 48-63 */
+            o[48 + j] = (signed char)lrintf(xb[48 + j] * inv);
+        }
+    }
+}
+
+/* 8 int32 lanes summing to (codes . xi) over one block of 64: lo/hi the codes' nibbles as bytes. */
+static inline __m256i block_dot(__m256i lo, __m256i hi, const signed char *xi) {
+    const __m256i xl = _mm256_loadu_si256((const __m256i *)xi), xh = _mm256_loadu_si256((const __m256i *)(xi + 32));
+#if ISA >= 2
+    return DOT(DOT(_mm256_setzero_si256(), lo, xl), hi, xh);
+#else
+    /* u8 x s8 pairs summed to int16: at most 2 * 15 * 127 each, 4 * 15 * 127 after the add: no overflow */
+    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+#endif
+}
+
+/* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc/of; rows of y ys apart. */
+static inline __attribute__((always_inline)) void qtile(const signed char *xi, const float *d, const float *sums,
+        const unsigned char *q, const float *sc, const float *of, float *y, int I, int G, int gs, int ys,
+        const int rm, const int rn) {
+    __m256 acc[QRM][QRN];
+    const __m256i low = _mm256_set1_epi8(15);
+    const int P = I / 64;
+    for (int r = 0; r < rm; r++)
+        for (int n = 0; n < rn; n++) acc[r][n] = _mm256_setzero_ps();
+    for (int b = 0; b < P; b++) {
+        const int g = b * 64 / gs;
+        for (int n = 0; n < rn; n++) {
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + (size_t)n * (I / 2) + 32 * b));
+            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            const float s = sc[(size_t)n * G + g];
+            for (int r = 0; r < rm; r++) {
+                const __m256 dot = _mm256_cvtepi32_ps(block_dot(lo, hi, xi + (size_t)r * I + 64 * b));
+                acc[r][n] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s * d[(size_t)r * P + b]), acc[r][n]);
+            }
+        }
+    }
+    for (int r = 0; r < rm; r++)
+        for (int n = 0; n < rn; n++) {
+            const __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][n]), _mm256_extractf128_ps(acc[r][n], 1));
+            const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
+            float out = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+            for (int g = 0; g < G; g++) out += of[(size_t)n * G + g] * sums[(size_t)r * G + g];
+            y[(size_t)r * ys + n] = out;
+        }
+}
+
+#define QCASE(a, b) case a * 8 + b: if (a <= QRM && b <= QRN) qtile(xi, d, sums, q, sc, of, y, I, G, gs, ys, a, b); break;
+#define QCASES(a) QCASE(a, 1) QCASE(a, 2) QCASE(a, 3) QCASE(a, 4)
+static void any_qtile(const signed char *xi, const float *d, const float *sums, const unsigned char *q, const float *sc,
+                      const float *of, float *y, int I, int G, int gs, int ys, int rm, int rn) {
+    switch (rm * 8 + rn) { QCASES(1) QCASES(2) QCASES(3) QCASES(4) }
+}
+
+/* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 64; 1 where a buffer could not be allocated. */
+int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
+           int M, int O, int I, int G, int threads) {
+    const int gs = I / G, P = I / 64, blocks = (O + QRN - 1) / QRN;
+    signed char *xi = malloc((size_t)M * I);
+    float *d = malloc(sizeof(float) * ((size_t)M * P + (size_t)M * G));
+    if (!xi || !d) { free(xi); free(d); return 1; }
+    float *sums = d + (size_t)M * P;
+    for (int r = 0; r < M; r++)
+        quantize_row(x + (size_t)r * I, xi + (size_t)r * I, d + (size_t)r * P, sums + (size_t)r * G, I, G, gs);
+    if (threads > blocks) threads = blocks;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++) {
+        const int o0 = (int)((long)blocks * t / threads) * QRN;
+        int o1 = (int)((long)blocks * (t + 1) / threads) * QRN;
+        if (o1 > O) o1 = O;
+        for (int m = 0; m < M; m += QRM)
+            for (int o = o0; o < o1; o += QRN)
+                any_qtile(xi + (size_t)m * I, d + (size_t)m * P, sums + (size_t)m * G, q + (size_t)o * (I / 2),
+                          sc + (size_t)o * G, of + (size_t)o * G, y + (size_t)m * O + o, I, G, gs, O,
+                          M - m < QRM ? M - m : QRM, o1 - o < QRN ? o1 - o : QRN);
+    }
+    free(xi);
+    free(d);
+    return 0;
+}
+#else
+int dot_isa(void) { return 0; }
+int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
+           int M, int O, int I, int G, int threads) { return 2; }
+#endif
+"""
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be built or the CPU has no integer dot product for it."""
+    lib = cpu_build.load("nibble_q8", SOURCE, {
+        "linear": ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int),
+        "available": ([], ctypes.c_int),
+        "dot_isa": ([], ctypes.c_int),
+    })
+    return lib if lib is not None and lib.available() else None
+
+
+def isa() -> str:
+    """The integer dot product this host's build uses, for reports ("none" without the kernel)."""
+    lib = load()
+    return ("none", "avx2-maddubs", "avx-vnni", "avx512-vnni")[lib.dot_isa() if lib else 0]
+
+
+def supports(scale: torch.Tensor, in_features: int) -> bool:
+    """Whether weights with this scale [O, G] and in_features can run here: on an x86 CPU with AVX2,
+    in_features and the group size multiples of 64, with the kernel built."""
+    groups = scale.shape[-1]
+    return (scale.device.type == "cpu" and groups > 0 and in_features % BLOCK == 0 and in_features % groups == 0
+            and (in_features // groups) % BLOCK == 0 and load() is not None)
+
+
+def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 64."""
+    _check(x, packed, bias)
+    in_features, groups = 2 * packed[0].shape[1], packed[1].shape[1]
+    if not supports(packed[1], in_features):
+        raise ValueError(f"the int8-activation kernel needs AVX2 and in_features ({in_features}) and the group size "
+                         f"({in_features // max(groups, 1)}) multiples of {BLOCK}")
+    return unchecked(x, tuple(t.contiguous() for t in packed), bias)
+
+
+def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear`` without its checks, for a caller that made sure once that they pass (the runtime's Linears)."""
+    codes, scales, offsets = packed
+    out_features, half = codes.shape
+    x = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty(x.shape[:-1] + (out_features,), dtype=torch.float32)  # [..., O]
+    rows = x.numel() // (2 * half)
+    if rows and out_features:
+        failed = cpu_build.require(load()).linear(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
+                                                  y.data_ptr(), rows, out_features, 2 * half, scales.shape[1], torch.get_num_threads())
+        if failed:
+            raise MemoryError("the int8-activation CPU kernel could not allocate x's int8 copy")
+    if bias is not None:
+        y += bias
+    return y

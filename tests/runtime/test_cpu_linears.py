@@ -1,0 +1,72 @@
+"""The CPU path's lossy options: an int8 lm_head (``cpu_lm_head="int8"``) and int4 Linears on int8
+activations (``cpu_int8_activations``), as swapped by cpu_linears and as EngineConfig accepts them."""
+
+import pytest
+import torch
+
+from compress.errors import UserError
+from compress.kernels import int8_rows_cpu, nibble_q8_cpu
+from compress.models import load_model
+from compress.runtime.config import EngineConfig
+from compress.runtime.cpu_linears import Int8Linear, NibbleLinear, cpu_linears
+from tests.runtime.test_model_runner import quantized_dir, set_kernel
+
+
+def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.skipif(int8_rows_cpu.load() is None, reason="no C compiler builds the kernel here")
+def test_int8_lm_head_holds_int8_and_keeps_the_tied_table(tiny_dir):
+    model = load_model(tiny_dir)
+    table = model.model.embed_tokens.weight
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        before = model(ids)
+        swapped = cpu_linears(model, lm_head="int8")
+        head = model.lm_head
+        assert isinstance(head, Int8Linear) and head.codes.dtype == torch.int8 and head.codes.shape == table.shape
+        assert model.model.embed_tokens.weight is table  # the lookup keeps its fp32 table
+        assert "linear 49152x64 int8 rows" in [g.op for g in swapped.groups]
+        head.use_c = [True]
+        after_c = model(ids)
+        head.use_c = [False]
+        after_torch = model(ids)
+    assert head.scratch.buffer.numel() == table.numel()  # torch's path: the dequantized table, in the shared scratch
+    torch.testing.assert_close(after_c, after_torch, atol=1e-5, rtol=1e-5)  # one weight, two kernels
+    assert 1e-5 < relative_error(after_c, before) < 0.01  # int8 per row: below 1 % on the logits
+    assert (after_c.argmax(-1) == before.argmax(-1)).float().mean() > 0.9
+
+
+@pytest.mark.skipif(nibble_q8_cpu.load() is None, reason="no AVX2 or C compiler for the kernel here")
+def test_int8_activations_run_the_integer_kernel_on_int4_linears(tmp_path, smollm2_dir, monkeypatch):
+    model = load_model(quantized_dir(tmp_path, smollm2_dir, "rtn"))  # hidden 64: groups of 64
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        before = model(ids)
+        swapped = cpu_linears(model, int8_activations=True)
+        nibbles = [m for m in model.modules() if isinstance(m, NibbleLinear)]
+        assert len(nibbles) == 2 * 7 and all(m.int8_activations for m in nibbles)
+        assert all("int8 activations" in g.op for g in swapped.groups if isinstance(g.modules[0], NibbleLinear))
+        calls = []
+        real = nibble_q8_cpu.unchecked
+        monkeypatch.setattr(nibble_q8_cpu, "unchecked", lambda *a: calls.append(a) or real(*a))
+        set_kernel(model, True)
+        after = model(ids)
+    assert len(calls) == 2 * 7
+    assert 1e-5 < relative_error(after, before) < 0.05
+
+
+def test_int8_activations_leave_linears_the_kernel_cannot_run(tmp_path, smollm2_dir, monkeypatch):
+    monkeypatch.setattr(nibble_q8_cpu, "supports", lambda scale, in_features: False)
+    model = load_model(quantized_dir(tmp_path, smollm2_dir, "rtn"))
+    cpu_linears(model, int8_activations=True)
+    assert not any(m.int8_activations for m in model.modules() if isinstance(m, NibbleLinear))
+
+
+def test_engine_config_checks_the_cpu_options():
+    assert EngineConfig(device="cpu", cpu_lm_head="int8", cpu_int8_activations=True).cpu_lm_head == "int8"
+    with pytest.raises(UserError, match="cpu_lm_head must be one of stored, int8"):
+        EngineConfig(device="cpu", cpu_lm_head="int4")
+    with pytest.raises(UserError, match="apply to the CPU runtime"):
+        EngineConfig(device="cuda", cpu_int8_activations=True)
