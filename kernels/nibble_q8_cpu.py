@@ -1,18 +1,20 @@
 """y = x dequant(W)^T (+ b) on CPU for group-quantized int4/int3 W held as ``nibble_linear_cpu.pack``
 gives it, with x quantized to int8 on the fly: integer dot products on x86 (AVX512-VNNI or AVX-VNNI
-``vpdpbusd``, AVX2 ``vpmaddubsw``), the scheme of llama.cpp's Q4_1 x Q8_1 path. Imports only
+``vpdpbusd``, AVX2 ``vpmaddubsw``), x in blocks of 32 as llama.cpp's Q4_1 x Q8_1 path. Imports only
 torch, the standard library and the shared checks (torch and triton).
 
 Why: the fp32 kernel turns every 4-bit code into a float before its multiply (about five vector
 instructions per 16 weights); here 64 codes take two shifts/masks and two integer dot-product
-instructions, and one float multiply-add per 64 weights and row of x.
+instructions, and two float operations per 64 weights and row of x.
 
 The arithmetic, per row r of x and row n of W (w = q * s + offset per group g):
-  x [r, 64b:64b+64] ~ d[r, b] * xi, xi int8 = round(x / d), d = max |x| / 127 of that block of 64
-  y[r, n] = sum_b s[n, g(b)] * d[r, b] * (q . xi)_b  +  sum_g offset[n, g] * (sum of x over group g)
-The offsets' term uses x's exact fp32 sums, so only the codes' term sees x's rounding (at most half
-a step of 1/127 of the block's largest value). The fp32 kernel stays the exact path
-(``nibble_linear_cpu``); the runtime runs this one only where the user allows activation quantization.
+  x [r, 32c:32c+32] ~ d[r, c] * xi, xi int8 = round(x / d), d = max |x| / 127 of that block of 32
+  y[r, n] = sum_c s[n, g(c)] * d[r, c] * (q . xi)_c  +  sum_g offset[n, g] * sum_{c in g} d[r, c] * sum(xi_c)
+that is x rounded times dequant(W), exactly up to fp32 summation order (``reference.int8_activation_matmul``).
+The offsets' term takes x as rounded too: x's rounding error then multiplies (q - z) s, centered on
+0, not q s; with x's exact sums there (tried first) the error on SmolLM2's Linears was 2.5x larger.
+The fp32 kernel stays the exact path (``nibble_linear_cpu``); the runtime runs this one only where
+the user allows activation quantization.
 
 x's int8 copy is laid out to match a code row's 32-byte loads (``nibble_linear_cpu`` Layout): of 64
 inputs, byte j < 16 of chunk c holds q[32c + j] in its low nibble and q[32c + 16 + j] in its high one,
@@ -28,7 +30,7 @@ import torch
 from compress.kernels import cpu_build
 from compress.kernels.nibble_linear_cpu import Packed, _check
 
-BLOCK = 64  # inputs per int8 scale of x, and per 32-byte load of codes
+BLOCK = 64  # inputs per 32-byte load of codes (x's int8 scales are per 32 of them)
 
 SOURCE = r"""
 #include <stdlib.h>
@@ -62,26 +64,25 @@ int available(void) { return HAVE_Q8; }
 int dot_isa(void) { return ISA; }
 
 /* Row r of x [M, I] -> xi (I bytes, each block of 64 as [low-nibble inputs 32 | high-nibble inputs 32]),
-   d [I/64] and sums [G] (exact fp32 sums of x over each group of gs). */
+   d [I/64 * 8] (per block of 64: lanes 0-3 the step of its inputs 0-31, lanes 4-7 of 32-63, as the dot
+   product's lanes are laid out) and sums [G]: the sums over each group of gs inputs of x as rounded. */
 static void quantize_row(const float *x, signed char *xi, float *d, float *sums, int I, int G, int gs) {
-    for (int g = 0; g < G; g++) {
-        float s = 0.f;
-        for (int k = g * gs; k < (g + 1) * gs; k++) s += x[k];
-        sums[g] = s;
-    }
-    for (int b = 0; b < I / 64; b++) {
-        const float *xb = x + 64 * b;
+    for (int g = 0; g < G; g++) sums[g] = 0.f;
+    for (int c = 0; c < I / 32; c++) {
+        const float *xc = x + 32 * c;
         float amax = 0.f;
-        for (int k = 0; k < 64; k++) amax = fmaxf(amax, fabsf(xb[k]));
+        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xc[k]));
         const float step = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        d[b] = step;
-        signed char *o = xi + 64 * b;
+        for (int l = 0; l < 4; l++) d[(c / 2) * 8 + (c % 2) * 4 + l] = step;
+        /* chunk c of its block: low nibbles at bytes 16 (c % 2) + j, high ones 32 further */
+        signed char *o = xi + 64 * (c / 2) + 16 * (c % 2);
+        int total = 0;
         for (int j = 0; j < 16; j++) {
-            o[j] = (signed char)lrintf(xb[j] * inv);             /* low nibbles: inputs 0-15, 32-47 */
-            o[16 + j] = (signed char)lrintf(xb[32 + j] * inv);
-            o[32 + j] = (signed char)lrintf(xb[16 + j] * inv);   /* high nibbles: inputs 16-31, 48-63 */
-            o[48 + j] = (signed char)lrintf(xb[48 + j] * inv);
+            o[j] = (signed char)lrintf(xc[j] * inv);
+            o[32 + j] = (signed char)lrintf(xc[16 + j] * inv);
+            total += o[j] + o[32 + j];
         }
+        sums[c * 32 / gs] += step * (float)total;
     }
 }
 
@@ -106,6 +107,7 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
     const int P = I / 64;
     for (int r = 0; r < rm; r++)
         for (int n = 0; n < rn; n++) acc[r][n] = _mm256_setzero_ps();
+    /* d holds 8 lanes per block of 64 */
     for (int b = 0; b < P; b++) {
         const int g = b * 64 / gs;
         for (int n = 0; n < rn; n++) {
@@ -113,8 +115,9 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
             const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             const float s = sc[(size_t)n * G + g];
             for (int r = 0; r < rm; r++) {
-                const __m256 dot = _mm256_cvtepi32_ps(block_dot(lo, hi, xi + (size_t)r * I + 64 * b));
-                acc[r][n] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s * d[(size_t)r * P + b]), acc[r][n]);
+                const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(block_dot(lo, hi, xi + (size_t)r * I + 64 * b)),
+                                                 _mm256_loadu_ps(d + ((size_t)r * P + b) * 8));
+                acc[r][n] = _mm256_fmadd_ps(dot, _mm256_set1_ps(s), acc[r][n]);
             }
         }
     }
@@ -135,16 +138,16 @@ static void any_qtile(const signed char *xi, const float *d, const float *sums, 
     switch (rm * 8 + rn) { QCASES(1) QCASES(2) QCASES(3) QCASES(4) }
 }
 
-/* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 64; 1 where a buffer could not be allocated. */
+/* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 32; 1 where a buffer could not be allocated. */
 int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
            int M, int O, int I, int G, int threads) {
     const int gs = I / G, P = I / 64, blocks = (O + QRN - 1) / QRN;
     signed char *xi = malloc((size_t)M * I);
-    float *d = malloc(sizeof(float) * ((size_t)M * P + (size_t)M * G));
+    float *d = malloc(sizeof(float) * ((size_t)M * P * 8 + (size_t)M * G));
     if (!xi || !d) { free(xi); free(d); return 1; }
-    float *sums = d + (size_t)M * P;
+    float *sums = d + (size_t)M * P * 8;
     for (int r = 0; r < M; r++)
-        quantize_row(x + (size_t)r * I, xi + (size_t)r * I, d + (size_t)r * P, sums + (size_t)r * G, I, G, gs);
+        quantize_row(x + (size_t)r * I, xi + (size_t)r * I, d + (size_t)r * P * 8, sums + (size_t)r * G, I, G, gs);
     if (threads > blocks) threads = blocks;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++) {
@@ -153,7 +156,7 @@ int linear(const float *x, const unsigned char *q, const float *sc, const float 
         if (o1 > O) o1 = O;
         for (int m = 0; m < M; m += QRM)
             for (int o = o0; o < o1; o += QRN)
-                any_qtile(xi + (size_t)m * I, d + (size_t)m * P, sums + (size_t)m * G, q + (size_t)o * (I / 2),
+                any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)o * (I / 2),
                           sc + (size_t)o * G, of + (size_t)o * G, y + (size_t)m * O + o, I, G, gs, O,
                           M - m < QRM ? M - m : QRM, o1 - o < QRN ? o1 - o : QRN);
     }
@@ -195,7 +198,7 @@ def supports(scale: torch.Tensor, in_features: int) -> bool:
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 64."""
+    """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32."""
     _check(x, packed, bias)
     in_features, groups = 2 * packed[0].shape[1], packed[1].shape[1]
     if not supports(packed[1], in_features):

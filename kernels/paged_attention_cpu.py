@@ -142,7 +142,12 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: floa
     """[S, H, D]: softmax(q k^T * scale) v over each sequence's cached tokens, read in place."""
     _check(q, k_cache, v_cache, block_tables, context_lens)
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    block_tables, context_lens = block_tables.contiguous(), context_lens.contiguous()
+    return unchecked(q, k_cache, v_cache, block_tables.contiguous(), context_lens.contiguous(), scale)
+
+
+def unchecked(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None) -> torch.Tensor:
+    """``paged_attention`` without its checks, for a caller that made sure once that they pass and that every
+    operand is contiguous (the runtime: the tables are checked once per step, not once per layer)."""
     seqs, heads, dim = q.shape
     out = torch.empty_like(q)
     failed = cpu_build.require(load()).paged_attention(

@@ -51,7 +51,7 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT_MM_MAX_ROWS_CPU = 4
 
 
-def round_blocks_int8(x: torch.Tensor, block: int = 64) -> torch.Tensor:
+def round_blocks_int8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
     """x [..., I] as int8 per block of ``block`` inputs would give it back: d * round(x / d), d = max |x| / 127."""
     xb = x.float().unflatten(-1, (-1, block))  # [..., I/block, block]
     d = xb.abs().amax(-1, keepdim=True) / 127
@@ -59,15 +59,9 @@ def round_blocks_int8(x: torch.Tensor, block: int = 64) -> torch.Tensor:
 
 
 def int8_activation_matmul(x, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None):
-    """dequant_matmul with x's codes term on x rounded to int8 per block of 64 and the zero points' term on x
-    itself (kernels/nibble_q8_cpu.py): sum_g s_g (q . x~)_g - s_g z_g (sum of x over g)."""
-    out_features, groups = scale.shape
-    codes = unpack_rows(packed, bits, x.shape[-1]).double()  # [O, I]
-    zero = unpack_rows(zero_packed.t().contiguous(), bits, out_features).t().double()  # [O, G]
-    s = scale.double().repeat_interleave(x.shape[-1] // groups, 1)  # [O, I]
-    sums = x.double().unflatten(-1, (groups, -1)).sum(-1)  # [..., G]
-    y = round_blocks_int8(x).double() @ (codes * s).T - sums @ (zero * scale.double()).T
-    return (y if bias is None else y + bias.double()).float()
+    """dequant_matmul of x rounded to int8 per block of 32 inputs (kernels/nibble_q8_cpu.py), in fp64."""
+    w = dequantize_packed(packed, scale.double(), zero_packed, bits, x.shape[-1])
+    return torch.nn.functional.linear(round_blocks_int8(x).double(), w, None if bias is None else bias.double()).float()
 
 
 def int8_gemm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

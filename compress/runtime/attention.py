@@ -95,6 +95,11 @@ class PagedAttention:
         self.meta, self.window = meta, sliding_window
         use_kernel = sliding_window is None and (kv.is_cuda or (cpu_kernel and paged_attention_cpu.supports(kv)))
         self.groups = [] if use_kernel or not meta.decode_rows.numel() else self._decode_groups(kv.shape[3])
+        # The C kernel's bounds depend on the tables and the pool, not the layer: checked here, once a step.
+        self.c_kernel = use_kernel and not kv.is_cuda and meta.decode_rows.numel() > 0
+        if self.c_kernel:
+            q = torch.empty(len(meta.decode_lens), kv.shape[-2], kv.shape[-1])  # [Sd, KVH, D]: the checks read shapes only
+            paged_attention_cpu._check(q, kv[0, 0], kv[1, 0], meta.decode_tables, meta.decode_lens)
 
     def _decode_groups(self, block_size: int) -> list[DecodeGroup]:
         """The CPU decode rows' groups, built once per step (every layer reuses them)."""
@@ -126,6 +131,8 @@ class PagedAttention:
 
     def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
         """[Sd, H, D]: one query per sequence over its cached tokens."""
+        if self.c_kernel:
+            return paged_attention_cpu.unchecked(q.contiguous(), k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens)
         if not self.groups:
             return kernels.paged_attention(q, k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens)
         # CPU without the C kernel (no compiler, not fp32, or a sliding window): per group of rows with
