@@ -94,6 +94,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden_size, self.kv * self.d, bias=bias)
         self.v_proj = nn.Linear(cfg.hidden_size, self.kv * self.d, bias=bias)
         self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        self.qkv = None  # the CPU runtime's q, k and v as one Linear (runtime/cpu_fusion.py), replacing the three
         # Set by Decoder.forward for the duration of a call, so that a hook on this module
         # (calibration) sees one tensor in and one out.
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -101,9 +102,11 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape  # x [B, T, C]
-        q = self.q_proj(x).view(B, T, self.h, self.d)
-        k = self.k_proj(x).view(B, T, self.kv, self.d)
-        v = self.v_proj(x).view(B, T, self.kv, self.d)
+        if self.qkv is not None:
+            q, k, v = self.qkv(x).split((self.h * self.d, self.kv * self.d, self.kv * self.d), -1)  # views of [B, T, (H + 2KVH) D]
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = q.view(B, T, self.h, self.d), k.view(B, T, self.kv, self.d), v.view(B, T, self.kv, self.d)
         cos, sin = self.rope
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         o = self.backend(self.layer, q, k, v)  # [B, T, H, D]
@@ -116,9 +119,14 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        self.gate_up = None  # the CPU runtime's gate and up as one Linear (runtime/cpu_fusion.py), replacing the two
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, -1)  # views of [B, T, 2 * MLP]
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):

@@ -19,7 +19,8 @@ from compress.kernels import paged_attention_cpu
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
-from compress.runtime.cpu_linears import Swapped, candidates, cpu_linears
+from compress.runtime.cpu_fusion import join_projections
+from compress.runtime.cpu_linears import Swapped, candidates, cpu_linears, group_modules, swapped_modules
 from compress.runtime.kernel_choice import C, TORCH, Plan, Timings, time_candidates
 
 CONTEXT = 256
@@ -70,6 +71,8 @@ class CpuKernels:
         skipped = f", {self.skipped} untimed (time budget spent or a busy machine; timed at the next start)" if self.skipped else ""
         out = [f"kernels chosen against torch at {torch.get_num_threads()} threads: {self.measured} row counts timed now "
                f"({self.seconds:.1f} s){skipped}, the rest cached"] if self.linears.groups else []
+        if self.linears.joins:
+            out.append(f"q/k/v and gate/up projections joined into one Linear each ({self.linears.joins} joins)")
         out += [g.describe() for g in self.linears.groups]
         if scratch := self.linears.scratch_bytes():
             out.append(f"int4/int3 Linears on torch's path dequantize into one {scratch / 2**20:.1f} MiB scratch buffer")
@@ -85,6 +88,9 @@ def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = Non
     """Swap model's Linears and choose every kernel per row count, timing what ``timings`` (the cache) lacks."""
     start, timings = time.monotonic(), timings or Timings()
     linears = cpu_linears(model, config.cpu_lm_head, config.cpu_int8_activations)
+    linears.joins = join_projections(model)
+    if linears.joins:
+        linears.groups = group_modules(swapped_modules(model))
     for g in linears.groups:
         timings.request(g.op, config.max_num_batched_tokens, g.preferred, lambda rows, g=g: time_candidates(candidates(g, rows)))
     cfg, why = model.cfg, FALLBACK

@@ -200,6 +200,7 @@ class Swapped:
 
     groups: list[Group] = field(default_factory=list)
     dequantized: int = 0
+    joins: int = 0  # q/k/v and gate/up projections joined into one Linear each (runtime/cpu_fusion.py)
 
     def scratch_bytes(self) -> int:
         """The most a Scratch holds: the largest dense weight of a HeldLinear whose plan runs torch somewhere."""
@@ -247,7 +248,7 @@ def cpu_linears(model: nn.Module, lm_head: str = "stored", int8_activations: boo
     each runs torch's kernel (fp32) or the C one (int4/int3) until its group gets a Plan.
     lm_head "int8": the lm_head is held as int8 per row (a tied embedding keeps its own table);
     int8_activations: int4 Linears round their inputs to int8 (``nibble_q8_cpu``) where the CPU can."""
-    swapped, scratch, new_modules = Swapped(), Scratch(), []
+    swapped, scratch = Swapped(), Scratch()
     # Names, not modules: a list of the old modules would keep every one alive until the last is swapped.
     for name in [name for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]:
         m = model.get_submodule(name)
@@ -257,7 +258,9 @@ def cpu_linears(model: nn.Module, lm_head: str = "stored", int8_activations: boo
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, new)
         swapped.dequantized += isinstance(m, PackedLinear) and not isinstance(new, HeldLinear)
-        if isinstance(new, (CpuLinear, HeldLinear)):
-            new_modules.append(new)
-    swapped.groups = group_modules(new_modules)
+    swapped.groups = group_modules(swapped_modules(model))
     return swapped
+
+
+def swapped_modules(model: nn.Module) -> list[nn.Module]:
+    return [m for m in model.modules() if isinstance(m, (CpuLinear, HeldLinear))]

@@ -21,7 +21,7 @@ def test_compare_prints_both_sweeps_and_their_ratios_and_writes_the_plot(tiny_di
     for name in ("model", "rtn-int4"):
         assert f"| {name} | 1 |" in out and f"| {name} | 2 |" in out
     assert f"ratios: {tiny_int4_dir.name} / {tiny_dir.name}" in out
-    assert "model: linear 64x64 fp32 (4): " in out and "rtn-int4: linear 64x64 4-bit g64 (4): " in out  # the kernels chosen
+    assert "model: linear 64x64 fp32 (2): " in out and "rtn-int4: linear 64x64 4-bit g64 (2): " in out  # the kernels chosen (o_proj)
     ratio_rows = out.split("ratios:")[1].splitlines()[3:5]
     assert [r.split(" | ")[0] for r in ratio_rows] == ["| 1", "| 2"]
     read, stored = ([float(r.split(" | ")[i].rstrip("x")) for r in ratio_rows] for i in (6, 7))

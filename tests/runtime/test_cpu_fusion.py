@@ -1,0 +1,57 @@
+"""q/k/v and gate/up joined into one Linear each on the CPU path: the same logits, fewer calls."""
+
+import pytest
+import torch
+from torch import nn
+
+from compress.kernels import linear_cpu, nibble_linear_cpu
+from compress.models import load_model
+from compress.runtime.cpu_fusion import join_projections
+from compress.runtime.cpu_linears import CpuLinear, NibbleLinear, cpu_linears
+from tests.runtime.test_model_runner import quantized_dir, set_kernel
+
+
+def set_all(model, use_c: bool) -> None:
+    set_kernel(model, use_c)
+    for m in model.modules():
+        if isinstance(m, NibbleLinear):
+            m.use_c = [use_c]
+
+
+@pytest.mark.skipif(nibble_linear_cpu.load() is None, reason="no C compiler builds the kernel here")
+def test_int4_projections_join_and_give_the_same_logits(tmp_path, smollm2_dir):
+    model = load_model(quantized_dir(tmp_path, smollm2_dir, "rtn"))  # qwen2: q, k and v have biases
+    ids = torch.randint(0, 256, (2, 9))
+    with torch.no_grad():
+        before = model(ids)
+        cpu_linears(model)
+        assert join_projections(model) == 2 * 2
+        attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+        assert isinstance(attn.qkv, NibbleLinear) and attn.qkv.bias is not None and not hasattr(attn, "q_proj")
+        assert isinstance(mlp.gate_up, NibbleLinear) and mlp.gate_up.out_features == 2 * mlp.down_proj.in_features
+        set_all(model, True)
+        after_c = model(ids)
+        set_all(model, False)
+        after_torch = model(ids)
+    torch.testing.assert_close(after_c, before, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(after_torch, before, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.skipif(linear_cpu.load() is None, reason="no C compiler builds the kernel here")
+def test_fp32_projections_join_and_unjoinable_ones_stay(tiny_dir):
+    model = load_model(tiny_dir)
+    ids = torch.randint(0, 256, (1, 7))
+    with torch.no_grad():
+        before = model(ids)
+        cpu_linears(model)
+        first = model.model.layers[0].self_attn
+        first.k_proj = nn.Linear(first.k_proj.in_features, first.k_proj.out_features)  # a Linear left to torch
+        first.k_proj.weight.data = model.model.layers[0].self_attn.v_proj.weight.detach().clone()
+        first.k_proj.bias.data.zero_()
+        expected = model(ids)
+        assert join_projections(model) == 2 * 2 - 1  # every join but the first block's q/k/v
+        assert first.qkv is None and isinstance(first.k_proj, nn.Linear)
+        assert isinstance(model.model.layers[1].self_attn.qkv, CpuLinear)
+        after = model(ids)
+    torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
+    assert not torch.equal(expected, before)  # the replaced k_proj did change the model
