@@ -28,7 +28,7 @@ import functools
 import torch
 
 from compress.kernels import cpu_build
-from compress.kernels.nibble_linear_cpu import Packed, _check
+from compress.kernels.nibble_linear_cpu import Packed, _check, call
 
 BLOCK = 64  # inputs per 32-byte load of codes (x's int8 scales are per 32 of them)
 
@@ -209,16 +209,4 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
 
 def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``linear`` without its checks, for a caller that made sure once that they pass (the runtime's Linears)."""
-    codes, scales, offsets = packed
-    out_features, half = codes.shape
-    x = x if x.is_contiguous() else x.contiguous()
-    y = torch.empty(x.shape[:-1] + (out_features,), dtype=torch.float32)  # [..., O]
-    rows = x.numel() // (2 * half)
-    if rows and out_features:
-        failed = cpu_build.require(load()).linear(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
-                                                  y.data_ptr(), rows, out_features, 2 * half, scales.shape[1], torch.get_num_threads())
-        if failed:
-            raise MemoryError("the int8-activation CPU kernel could not allocate x's int8 copy")
-    if bias is not None:
-        y += bias
-    return y
+    return call(load(), x, packed, bias, "x's int8 copy")
