@@ -3,6 +3,10 @@
 The searches (``awq.py``) return numbers; this file is where the model changes.
 """
 
+import functools
+import threading
+from collections.abc import Callable, Iterable
+
 import torch
 from torch import nn
 from tqdm import tqdm
@@ -10,9 +14,9 @@ from tqdm import tqdm
 from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_inputs, run_block
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
-from compress.quant.awq import ScaleResult, group_hessians, search_qparams, search_scale, side_by_side
+from compress.quant.awq import GridSearch, ScaleResult, group_hessians, search_scale, side_by_side
 from compress.quant.config import QuantConfig
-from compress.quant.gptq import gptq_codes
+from compress.quant.gptq import gptq_codes, prepare
 from compress.quant.primitives import IntSpec, qparams
 from compress.quant.swap import quantize_block
 
@@ -66,23 +70,55 @@ def block_device(block: nn.Module) -> torch.device:
     return next(block.parameters()).device
 
 
+class Job:
+    """One item for ``side_by_side`` that first waits for the jobs it needs (``after``). side_by_side starts its
+    items in list order, so a job listed after the ones it waits for cannot wait for a job that is not running."""
+
+    def __init__(self, fn: Callable[[], object], after: Iterable["Job"] = ()):
+        self.fn, self.after, self.done, self.result = fn, tuple(after), threading.Event(), None
+
+    def __call__(self) -> None:
+        try:
+            for job in self.after:
+                job.done.wait()
+            self.result = self.fn()
+        finally:
+            self.done.set()  # also when fn raised: side_by_side re-raises it; the jobs waiting must not hang
+
+
 @torch.no_grad()
-def gptq_block(block: nn.Module, grams: dict, params: dict, spec: IntSpec) -> tuple[dict, dict]:
-    """(params, codes) per Linear of ``grams`` (its inputs' E[x x^T] [I, I]): GPTQ's rounding on the searched
-    grid, or on the range's grid where none was searched (q, k); scales as stored, in the weight's dtype.
-    The Linears go side by side, each on one thread (GPTQ's column loop is many small ops), widest input first:
-    its factorization is the longest job. The codes are those of a one-thread run, whatever the thread count."""
-    done = {}
+def grids_and_codes(block: nn.Module, hessians: dict, grams: dict, spec: IntSpec, grid: int) -> tuple[dict, dict]:
+    """(params, codes): the searched grid of each Linear of ``hessians`` (its group's input Hessians [G, g, g]), and
+    for each Linear of ``grams`` (its inputs' E[x x^T] [I, I]) GPTQ's codes on that grid, or on the range's grid
+    where none was searched (q, k), with the scales as stored, in the weight's dtype.
 
-    def run(name: str) -> None:
-        w = block.get_submodule(name).weight
-        scale, zero = params.get(name) or qparams(w, spec)
-        scale = scale.to(w.dtype)
-        done[name] = (scale, zero), gptq_codes(w, grams[name], scale, zero, spec)
+    Everything runs as one list of jobs side by side, each on one thread (GPTQ's column loop is many small ops),
+    so that the long ones overlap the range search: the widest Linear first, its GPTQ factorization first of all
+    (it needs only H); the factorization is shared by the Linears with one input (q, k, v; gate, up). The numbers
+    are those of a one-thread run, whatever the thread count."""
+    weights = {name: block.get_submodule(name).weight for name in hessians | grams}
+    searches = {name: GridSearch(weights[name], h, spec, grid) for name, h in hessians.items()}
+    jobs, prepared, rounded = [], {}, {}
+    for name in sorted(weights, key=lambda name: (-weights[name].shape[1], -weights[name].numel())):
+        if name in grams and id(grams[name]) not in prepared:
+            prepared[id(grams[name])] = Job(functools.partial(prepare, grams[name]))
+            jobs.append(prepared[id(grams[name])])
+        tiles = [Job(functools.partial(searches[name].search, tile)) for tile in searches[name].tiles] if name in searches else []
+        jobs += tiles
+        if name in grams:
+            prep = prepared[id(grams[name])]
+            rounded[name] = Job(functools.partial(gptq_one, weights[name], grams[name], searches.get(name), prep, spec), [*tiles, prep])
+            jobs.append(rounded[name])
+    side_by_side(Job.__call__, jobs, block_device(block))
+    params = {name: search.result() for name, search in searches.items()} | {name: job.result[0] for name, job in rounded.items()}
+    return params, {name: job.result[1] for name, job in rounded.items()}
 
-    side_by_side(run, sorted(grams, key=lambda name: -grams[name].shape[0]), block_device(block))
-    grids = dict(params) | {name: done[name][0] for name in grams}
-    return grids, {name: done[name][1] for name in grams}
+
+def gptq_one(w: torch.Tensor, gram: torch.Tensor, search: GridSearch | None, prep: Job, spec: IntSpec):
+    """((scale, zero), codes) of GPTQ for w [O, I] on its searched grid, or its range's grid without a search."""
+    scale, zero = search.result() if search is not None else qparams(w, spec)
+    scale = scale.to(w.dtype)
+    return (scale, zero), gptq_codes(w, gram, scale, zero, spec, prep.result)
 
 
 def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int) -> list[ScaleResult]:
@@ -101,8 +137,7 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
             inv = 1 / expand(res.scales).float()  # [I]: the fold divided the inputs by the scales
             grams |= dict.fromkeys(g.linears, feats[g.module]["gram"] * inv[:, None] * inv[None, :])
     # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
-    params = {name: search_qparams(block.get_submodule(name).weight, h, spec, cfg.grid) for name, h in hessians.items()}
-    params, codes = gptq_block(block, grams, params, spec)
+    params, codes = grids_and_codes(block, hessians, grams, spec, cfg.grid)
     quantize_block(block, spec, params, codes)
     return [res for res, _ in found]
 

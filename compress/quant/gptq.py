@@ -23,25 +23,41 @@ DAMP = 0.01  # of H's mean diagonal, added to the diagonal: keeps H invertible f
 BLOCK = 32  # columns rounded one by one between two matmuls; the result is the same for any block, only the speed differs
 
 
-def damped(h: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
-    """H [I, I] as a fp64 copy, with damp * its mean diagonal added to the diagonal."""
-    h = h.to(torch.float64, copy=True)
-    dead = torch.diagonal(h) == 0  # inputs that are always zero: their weights do not matter (and H = 0 has no inverse)
-    h[dead, dead] = 1
-    h.diagonal().add_(damp * torch.diagonal(h).mean())
-    return h
+ROWS = 256  # rows per step of the chunked copies below: their temporaries stay small next to the [I, I] fp64 matrix
+
+
+def damped(h: torch.Tensor, order: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
+    """H [I, I] with rows and columns taken in ``order`` [I], as fp64, with damp * its mean diagonal added to the
+    diagonal. Copied a block of rows at a time: a whole reordered fp32 copy next to the fp64 one was 1/3 more memory."""
+    n = h.shape[0]
+    out = torch.empty(n, n, dtype=torch.float64, device=h.device)  # [I, I]
+    for r0 in range(0, n, ROWS):
+        out[r0 : r0 + ROWS] = h[order[r0 : r0 + ROWS, None], order]
+    dead = torch.diagonal(out) == 0  # inputs that are always zero: their weights do not matter (and H = 0 has no inverse)
+    out[dead, dead] = 1
+    out.diagonal().add_(damp * torch.diagonal(out).mean())
+    return out
 
 
 def cholesky_upper(a: torch.Tensor, block: int = 256) -> torch.Tensor:
     """Upper triangular U [n, n] with a = U^T U for a positive definite a [n, n], by blocks of rows: the same factor
-    as torch.linalg.cholesky, without its pass that zeroes the other triangle (as slow as the factorization on CPU)."""
-    u = torch.zeros_like(a)
+    as torch.linalg.cholesky, without its pass that zeroes the other triangle (as slow as the factorization on CPU).
+    Overwrites a with U: block k's rows of a are read only at step k, and a second [n, n] fp64 matrix was the largest
+    temporary of an 8B model's quantization."""
     for k0 in range(0, a.shape[0], block):
         k1 = k0 + block
-        rows = torch.addmm(a[k0:k1, k0:], u[:k0, k0:k1].T, u[:k0, k0:], alpha=-1)  # [b, n - k0]: less the rows above
-        u[k0:k1, k0:k1] = torch.linalg.cholesky(rows[:, :block], upper=True)
-        u[k0:k1, k1:] = torch.linalg.solve_triangular(u[k0:k1, k0:k1].mT, rows[:, block:], upper=False)
-    return u
+        rows = torch.addmm(a[k0:k1, k0:], a[:k0, k0:k1].T, a[:k0, k0:], alpha=-1)  # [b, n - k0]: less the rows above
+        a[k0:k1, k0:k1] = torch.linalg.cholesky(rows[:, :block], upper=True)
+        a[k0:k1, k1:] = torch.linalg.solve_triangular(a[k0:k1, k0:k1].mT, rows[:, block:], upper=False)
+        a[k1:, k0:k1] = 0  # below the diagonal: no longer read
+    return a
+
+
+def rounding_order(h: torch.Tensor, act_order: bool = True) -> torch.Tensor:
+    """[I]: the order in which GPTQ rounds the columns of a Linear whose inputs have H [I, I] (see ``gptq_codes``)."""
+    if act_order:
+        return torch.argsort(torch.diagonal(h), descending=True, stable=True)
+    return torch.arange(h.shape[0], device=h.device)
 
 
 def feedback(h: torch.Tensor, order: torch.Tensor, damp: float = DAMP) -> torch.Tensor:
@@ -49,30 +65,40 @@ def feedback(h: torch.Tensor, order: torch.Tensor, damp: float = DAMP) -> torch.
     earlier column's rounding error column j's target takes on, L_ji / L_jj for the lower triangular L with
     (damped, reordered) H = L^T L. Factored in fp64: in fp32, the factor of an ill-conditioned H changes more codes
     than the rest of the computation does."""
-    back = order.flip(0)  # [I]: reversed, where the usual Cholesky factor gives L
-    r = cholesky_upper(damped(h[back[:, None], back], damp))  # [I, I]: J H J = R^T R, so L = J R J
-    r /= torch.diagonal(r).clone()[:, None]
-    return r.float().flip(0, 1)
+    n = h.shape[0]
+    r = cholesky_upper(damped(h, order.flip(0), damp))  # [I, I]: J H J = R^T R (J reverses), so L = J R J
+    diag = torch.diagonal(r).clone()  # [I]
+    fb = torch.empty(n, n, dtype=torch.float32, device=h.device)  # [I, I]
+    for r0 in range(0, n, ROWS):  # fb[i] = (R[n-1-i] / R_ii).flip: by blocks of rows, as for the copy in ``damped``
+        r1 = min(r0 + ROWS, n)
+        fb[n - r1 : n - r0] = (r[r0:r1] / diag[r0:r1, None]).float().flip(0, 1)
+    return fb
+
+
+def prepare(h: torch.Tensor, damp: float = DAMP, act_order: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """(order [I], feedback [I, I]) of ``gptq_codes`` for inputs with H [I, I]: computed once for the Linears that
+    share their inputs (q, k, v; gate, up)."""
+    order = rounding_order(h, act_order)
+    return order, feedback(h, order, damp)
 
 
 @torch.no_grad()
 def gptq_codes(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec,
-               damp: float = DAMP, block: int = BLOCK, act_order: bool = True) -> torch.Tensor:
-    """uint8 codes [O, I] for w [O, I] on the grid (scale, zero) [O, G], given its inputs' H [I, I].
+               prepared: tuple[torch.Tensor, torch.Tensor] | None = None, damp: float = DAMP, block: int = BLOCK,
+               act_order: bool = True) -> torch.Tensor:
+    """uint8 codes [O, I] for w [O, I] on the grid (scale, zero) [O, G], given its inputs' H [I, I];
+    ``prepared``: ``prepare(h, damp, act_order)`` where it was computed already.
 
     ``act_order``: round the columns with the largest input energy (H's diagonal) first, while the most
     columns are left to absorb their error (GPTQ's "desc_act"); the grids stay per group of the original
     column order ("static groups"), so the stored format does not change.
     """
-    if act_order:
-        perm = torch.argsort(torch.diagonal(h), descending=True, stable=True)  # [I]
-    else:
-        perm = torch.arange(w.shape[1], device=w.device)  # [I]
+    perm, fb = prepared or prepare(h, damp, act_order)  # [I], [I, I]
     # W's columns become rows, in rounding order, so that each one is contiguous.
     # A scale that underflowed to 0 (fp16) dequantizes to 0 whatever the code; the clamp only avoids 0/0.
     s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).T.contiguous()  # [G, O]
     grids = (perm // spec.group_size).tolist()  # [I]: each column's group, in rounding order
-    q = _codes(w.float().T.contiguous()[perm], feedback(h, perm, damp), s, zero.float().T.contiguous(), grids, spec, block)
+    q = _codes(w.float().T.contiguous()[perm], fb, s, zero.float().T.contiguous(), grids, spec, block)
     codes = torch.empty(w.shape[::-1], dtype=torch.uint8, device=w.device)  # [I, O]
     codes[perm] = q.to(torch.uint8)
     return codes.T.contiguous()

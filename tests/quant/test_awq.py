@@ -5,7 +5,7 @@ from compress.model.config import ModelConfig
 from compress.model.load import build, load_weights
 from compress.quant import primitives
 from compress.quant.apply import quantize
-from compress.kernels import range_search_cpu
+from compress.kernels import range_search_cpu, round_trip_cpu
 from compress.quant import awq
 from compress.quant.awq import candidate_scales, group_hessians, refit_scale, scaled_round_trip, search_qparams, weighted_error
 from compress.quant.awq_apply import fold_scales, head_mapping
@@ -217,13 +217,20 @@ def test_search_gives_the_same_grids_on_any_thread_count(threads):
     assert torch.get_num_threads() == before
 
 
+@pytest.mark.parametrize("fused", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("spec", [IntSpec(4, 32), IntSpec(3, 64), IntSpec(4, 32, symmetric=True)])
-def test_scaled_round_trip_is_the_expression_bit_for_bit(monkeypatch, spec, dtype):
+@pytest.mark.parametrize("spec", [IntSpec(4, 32), IntSpec(3, 64), IntSpec(4, 32, symmetric=True), IntSpec(3, 64, symmetric=True)])
+def test_scaled_round_trip_is_the_expression_bit_for_bit(monkeypatch, spec, dtype, fused):
+    """Through the C kernel (fp32) or torch's ops: the numbers of the plain expression, zero groups included."""
+    if fused and (dtype != torch.float32 or round_trip_cpu.load() is None):
+        pytest.skip("the C kernel takes fp32 where a C compiler works")
+    if not fused:
+        monkeypatch.setattr(round_trip_cpu, "supports", lambda *args: False)
     monkeypatch.setattr(awq, "ROUND_TRIP_ELEMENTS", 5 * 128)  # blocks of 5 rows, the last one short
     g = torch.Generator().manual_seed(0)
     w = (torch.randn(33, 128, generator=g) * 0.05).to(dtype)
     w[:, 7] *= 20
+    w[3], w[4, :64], w[5, :64] = 0, -0.0, 1e-12  # degenerate groups: the 1e-8 floor of the range, zero point 0
     se = (torch.rand(128, generator=g) * 3 + 0.25).to(dtype)
     assert torch.equal(scaled_round_trip(w, se, spec), pseudo_quantize(w * se, spec) / se)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from compress.quant.gptq import cholesky_upper, gptq_codes
+from compress.quant.gptq import cholesky_upper, feedback, gptq_codes, prepare
 from compress.quant.primitives import IntSpec, grouped, qparams, quantize
 
 SPEC = IntSpec(4, 16)
@@ -73,7 +73,7 @@ def test_codes_are_the_textbook_algorithms_in_exact_arithmetic(bits, seed):
 def test_blocked_cholesky_is_the_cholesky_factor():
     x = torch.randn(700, 600, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
     a = x.T @ x  # 600 = two blocks of 256 and a ragged one
-    u = cholesky_upper(a)
+    u = cholesky_upper(a.clone())
     assert torch.equal(u, u.triu())
     assert torch.allclose(u, torch.linalg.cholesky(a, upper=True), rtol=0, atol=1e-10 * u.abs().max().item())
 
@@ -103,3 +103,35 @@ def test_act_order_rounds_the_loudest_inputs_first_on_the_original_grids():
     reverse = gptq_codes(w.flip(1), h.flip(0, 1), scale.flip(1), zero.flip(1), SPEC, act_order=False).flip(1)
     assert torch.equal(ordered, reverse)
     assert not torch.equal(ordered, gptq_codes(w, h, scale, zero, SPEC, act_order=False))
+
+
+def copied_feedback(h, order, damp=0.01):
+    """``feedback`` as first written, with whole-matrix copies: the chunked, in-place one must give its bits."""
+    back = order.flip(0)
+    a = h[back[:, None], back].to(torch.float64)
+    dead = torch.diagonal(a) == 0
+    a[dead, dead] = 1
+    a.diagonal().add_(damp * torch.diagonal(a).mean())
+    u = torch.zeros_like(a)
+    for k0 in range(0, a.shape[0], 256):
+        k1 = k0 + 256
+        rows = torch.addmm(a[k0:k1, k0:], u[:k0, k0:k1].T, u[:k0, k0:], alpha=-1)
+        u[k0:k1, k0:k1] = torch.linalg.cholesky(rows[:, :256], upper=True)
+        u[k0:k1, k1:] = torch.linalg.solve_triangular(u[k0:k1, k0:k1].mT, rows[:, 256:], upper=False)
+    u /= torch.diagonal(u).clone()[:, None]
+    return u.float().flip(0, 1)
+
+
+def test_feedback_is_bit_for_bit_the_whole_matrix_computation():
+    x = correlated_inputs(n=300, dim=600, seed=4)  # rank 300 of 600: the damping matters; 600 = ragged row blocks
+    x[:, 7] = 0  # a dead input
+    h = x.T @ x / x.shape[0]
+    order = torch.argsort(torch.diagonal(h), descending=True, stable=True)
+    assert torch.equal(feedback(h, order), copied_feedback(h, order))
+
+
+def test_prepared_feedback_gives_the_same_codes():
+    w, x = torch.randn(16, 64), correlated_inputs(seed=5)
+    scale, zero = qparams(w, SPEC)
+    h = x.T @ x / x.shape[0]
+    assert torch.equal(gptq_codes(w, h, scale, zero, SPEC, prepare(h)), gptq_codes(w, h, scale, zero, SPEC))
