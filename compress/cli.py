@@ -171,7 +171,7 @@ NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, defa
 CPU_LM_HEAD = click.option("--cpu-lm-head", type=click.Choice(["stored", "int8"]), default="stored", show_default=True,
                            help="CPU: int8 holds the lm_head as int8 per row, a quarter of fp32's bytes (docs/runtime.md)")
 CPU_INT8_ACTIVATIONS = click.option("--cpu-int8-activations", is_flag=True,
-                                    help="CPU: int4 Linears round their inputs to int8 per 64 and use integer dot products")
+                                    help="CPU: int4 Linears round their inputs to int8 per 32 and use integer dot products")
 DRAFT_VOCAB = click.option("--draft-vocab", type=int, default=None,
                            help="the draft model scores only token ids below this (a cheaper output layer) [default: all]")
 

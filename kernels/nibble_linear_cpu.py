@@ -193,7 +193,7 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Packed
     return nibbles.reshape(codes.shape[0], -1).contiguous(), s, (-zero.float() * s).contiguous()
 
 
-def _check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
+def check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
     codes, scales, offsets = packed
     out_features, in_features, groups = codes.shape[0], 2 * codes.shape[1], scales.shape[1]
     if codes.dim() != 2 or scales.shape != (out_features, groups) or offsets.shape != scales.shape:
@@ -212,7 +212,7 @@ def _check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """[..., O] = x [..., I] @ dequant(W)^T (+ bias [O]), fp32, with packed = pack(codes, scale, zero)."""
-    _check(x, packed, bias)
+    check(x, packed, bias)
     return unchecked(x, tuple(t.contiguous() for t in packed), bias)
 
 

@@ -28,7 +28,7 @@ import functools
 import torch
 
 from compress.kernels import cpu_build
-from compress.kernels.nibble_linear_cpu import Packed, _check, call
+from compress.kernels.nibble_linear_cpu import Packed, call, check
 
 BLOCK = 64  # inputs per 32-byte load of codes (x's int8 scales are per 32 of them)
 
@@ -199,7 +199,7 @@ def supports(scale: torch.Tensor, in_features: int) -> bool:
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32."""
-    _check(x, packed, bias)
+    check(x, packed, bias)
     in_features, groups = 2 * packed[0].shape[1], packed[1].shape[1]
     if not supports(packed[1], in_features):
         raise ValueError(f"the int8-activation kernel needs AVX2 and in_features ({in_features}) and the group size "

@@ -130,9 +130,14 @@ def _check(q, k_cache, v_cache, block_tables, context_lens) -> None:
     check_paged_attention(q, k_cache, v_cache, block_tables, context_lens)
     if q.dtype != torch.float32:
         raise ValueError(f"q, k_cache and v_cache must be torch.float32, got {q.dtype}")
-    # The C code trusts these bounds: a bad table would read outside the cache.
+    check_bounds(k_cache, block_tables, context_lens)
+
+
+def check_bounds(k_cache, block_tables, context_lens) -> None:
+    """The bounds the C code trusts (a bad table would read outside the cache): for a caller whose shapes,
+    dtypes and contiguous layouts hold by construction and whose tables serve many calls (the runtime checks once a step, not a layer)."""
     block_size, num_blocks = k_cache.shape[1], k_cache.shape[0]
-    if len(q) and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * block_size):
+    if len(context_lens) and (int(context_lens.min()) < 1 or int(context_lens.max()) > block_tables.shape[1] * block_size):
         raise ValueError("context_lens must be in [1, block_tables.shape[1] * block_size]")
     if block_tables.numel() and (int(block_tables.min()) < 0 or int(block_tables.max()) >= num_blocks):
         raise ValueError(f"block_tables entries must be block ids in [0, {num_blocks})")
@@ -147,7 +152,7 @@ def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: floa
 
 def unchecked(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None) -> torch.Tensor:
     """``paged_attention`` without its checks, for a caller that made sure once that they pass and that every
-    operand is contiguous (the runtime: the tables are checked once per step, not once per layer)."""
+    operand is contiguous (the runtime: ``check_bounds`` once per step, not once per layer)."""
     seqs, heads, dim = q.shape
     out = torch.empty_like(q)
     failed = cpu_build.require(load()).paged_attention(

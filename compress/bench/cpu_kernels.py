@@ -60,7 +60,7 @@ def host() -> str:
              if line.startswith("model name")] if cpuinfo.exists() else []
     flags = cpu_build.machine().split()
     simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "asimd", "sve") if f in flags]
-    build = {"native": "-march=native", "avx2": "-march=native -mno-avx512f -mno-avxvnni"}[cpu_build.isa()]
+    build = " ".join(["-march=native", *cpu_build.ISAS[cpu_build.isa()]])
     return (f"host: {platform.machine()}, {names[0] if names else platform.processor() or 'CPU'}; "
             f"{' '.join(simd) or 'no wide vectors'}; {torch.get_num_threads()} threads; torch {torch.__version__}; "
             f"C kernels {build} (COMPRESS_CPU_ISA={cpu_build.isa()}), {linear_cpu.load().vector_width()}-float vectors, "
@@ -91,8 +91,9 @@ def groups(out_features: int, in_features: int, count: int, gen: torch.Generator
     n = min(count, -(-ROTATION_BYTES // (4 * rows * in_features)))
     fp32 = Group([CpuLinear(torch.randn(rows, in_features, generator=gen), None) for _ in range(n)])
     scratch, g = Scratch(), in_features // GROUP
-    int4 = Group([NibbleLinear(torch.randint(0, 16, (rows, in_features), generator=gen, dtype=torch.uint8),
-                               torch.rand(rows, g, generator=gen) * 0.01, torch.randint(0, 16, (rows, g), generator=gen), None, scratch)
+    int4 = Group([NibbleLinear.from_codes(torch.randint(0, 16, (rows, in_features), generator=gen, dtype=torch.uint8),
+                                          torch.rand(rows, g, generator=gen) * 0.01, torch.randint(0, 16, (rows, g), generator=gen),
+                                          None, scratch)
                   for _ in range(n)])
     return fp32, int4
 
@@ -174,9 +175,9 @@ def step_modules(shapes: list[tuple[int, int, int]], tables: dict[tuple[int, int
                 int4.append(fp32[-1])
                 continue
             g = in_features // GROUP
-            int4.append(NibbleLinear(torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8),
-                                     torch.rand(out_features, g, generator=gen) * 0.01,
-                                     torch.randint(0, 16, (out_features, g), generator=gen), None, scratch))
+            int4.append(NibbleLinear.from_codes(torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8),
+                                                torch.rand(out_features, g, generator=gen) * 0.01,
+                                                torch.randint(0, 16, (out_features, g), generator=gen), None, scratch))
             int4[-1].use_c = tables[out_features, in_features, "int4"]
     return dense, fp32, int4
 

@@ -98,8 +98,7 @@ class PagedAttention:
         # The C kernel's bounds depend on the tables and the pool, not the layer: checked here, once a step.
         self.c_kernel = use_kernel and not kv.is_cuda and meta.decode_rows.numel() > 0
         if self.c_kernel:
-            q = torch.empty(len(meta.decode_lens), kv.shape[-2], kv.shape[-1])  # [Sd, KVH, D]: the checks read shapes only
-            paged_attention_cpu._check(q, kv[0, 0], kv[1, 0], meta.decode_tables, meta.decode_lens)
+            paged_attention_cpu.check_bounds(kv[0, 0], meta.decode_tables, meta.decode_lens)
 
     def _decode_groups(self, block_size: int) -> list[DecodeGroup]:
         """The CPU decode rows' groups, built once per step (every layer reuses them)."""

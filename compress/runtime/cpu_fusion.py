@@ -12,7 +12,7 @@ and activations); anything else (a Linear left to torch, a dequantized PackedLin
 import torch
 from torch import nn
 
-from compress.runtime.cpu_linears import CpuLinear, HeldLinear, NibbleLinear
+from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
 
 # (the block's submodule, the Linears it reads one input with, the attribute of their joined Linear)
 JOINS = (("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv"), ("mlp", ("gate_proj", "up_proj"), "gate_up"))
@@ -37,11 +37,8 @@ def joined(parts: list[nn.Module]) -> nn.Module:
     first = parts[0]
     if isinstance(first, CpuLinear):
         return CpuLinear(torch.cat([p.weight.detach() for p in parts]), _bias(parts))  # [sum O, I]
-    new = NibbleLinear.__new__(NibbleLinear)
-    packed = {name: torch.cat([getattr(p, name) for p in parts]) for name in first.names}  # rows of every part, in order
-    HeldLinear.__init__(new, packed, sum(p.out_features for p in parts), first.in_features, _bias(parts), first.scratch)
-    new.group_size, new.int8_activations = first.group_size, first.int8_activations
-    return new
+    packed = {name: torch.cat([getattr(p, name) for p in parts]) for name in NibbleLinear.NAMES}  # every part's rows, in order
+    return NibbleLinear(packed, _bias(parts), first.scratch, first.int8_activations)
 
 
 def join_projections(model: nn.Module) -> int:

@@ -10,7 +10,7 @@ Memory each holds:
   buffer serves every NibbleLinear, as large as the largest dense weight among those that take that
   path at some row count, allocated at the first such call.
 - int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
-  path rounds x to int8 per block of 64 inputs (``kernels/nibble_q8_cpu.py``).
+  path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``).
 - an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
   a quarter of fp32's bytes; a tied embedding keeps its own fp32 table for the lookup.
 A PackedLinear the 4-bit kernel cannot run (no compiler, scales not fp32, groups not a multiple of 32)
@@ -105,15 +105,24 @@ class HeldLinear(nn.Module):
 
 class NibbleLinear(HeldLinear):
     """An int4/int3 PackedLinear held as nibbles (``nibble_linear_cpu.pack``); with ``int8_activations`` its C
-    path rounds x to int8 per block of 64 and takes integer dot products (``nibble_q8_cpu``)."""
+    path rounds x to int8 per block of 32 and takes integer dot products (``nibble_q8_cpu``)."""
 
-    def __init__(self, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch,
-                 int8_activations: bool = False):
-        """codes uint8 [O, I], scale and zero [O, G]: a PackedLinear's ``codes()``."""
-        packed = dict(zip(("codes", "scales", "offsets"), nibble_linear_cpu.pack(codes, scale, zero)))  # [O, I/2], [O, G] x2
-        super().__init__(packed, *codes.shape, bias, scratch)
-        self.group_size = self.in_features // scale.shape[1]
+    NAMES = ("codes", "scales", "offsets")  # [O, I/2] uint8, [O, G] fp32, [O, G] fp32
+
+    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch, int8_activations: bool = False):
+        """packed: ``nibble_linear_cpu.pack``'s tensors by NAMES (several weights' rows may be joined, cpu_fusion.py)."""
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
         self.int8_activations = int8_activations
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch,
+                   int8_activations: bool = False) -> "NibbleLinear":
+        """codes uint8 [O, I], scale and zero [O, G]: a PackedLinear's ``codes()``."""
+        return cls(dict(zip(cls.NAMES, nibble_linear_cpu.pack(codes, scale, zero))), bias, scratch, int8_activations)
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features // self.scales.shape[1]
 
     @property
     def kernel(self) -> Callable:
@@ -158,10 +167,19 @@ def swap_one(m: nn.Module, scratch: Scratch, int8_activations: bool = False) -> 
     if isinstance(m, PackedLinear):
         if nibble_ready(m):
             int8 = int8_activations and nibble_q8_cpu.supports(m.weight_scale, m.in_features)
-            return NibbleLinear(*m.codes(), m.bias, scratch, int8)
+            return NibbleLinear.from_codes(*m.codes(), m.bias, scratch, int8)
         weight = m.dequantized()
         return CpuLinear(weight, m.bias) if linear_cpu.supports(weight) else dense_linear(m, weight)
     return CpuLinear(m.weight, m.bias) if linear_cpu.supports(m.weight) else None
+
+
+def op_of(m: nn.Module) -> str:
+    """What a swapped Linear runs, as kernel_choice keys its timings: its shape and kind."""
+    if isinstance(m, NibbleLinear):
+        kind = f" 4-bit g{m.group_size}" + (" int8 activations" if m.int8_activations else "")
+    else:
+        kind = " int8 rows" if isinstance(m, Int8Linear) else " fp32"
+    return f"linear {m.out_features}x{m.in_features}{kind}"
 
 
 @dataclass
@@ -173,12 +191,7 @@ class Group:
 
     @property
     def op(self) -> str:
-        m = self.modules[0]
-        if isinstance(m, NibbleLinear):
-            kind = f" 4-bit g{m.group_size}" + (" int8 activations" if m.int8_activations else "")
-        else:
-            kind = " int8 rows" if isinstance(m, Int8Linear) else " fp32"
-        return f"linear {m.out_features}x{m.in_features}{kind}"
+        return op_of(self.modules[0])
 
     @property
     def preferred(self) -> str:
@@ -231,10 +244,9 @@ def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
 
 
 def group_modules(modules: list[nn.Module]) -> list[Group]:
-    groups: dict[tuple, Group] = {}
+    groups: dict[str, Group] = {}
     for m in modules:
-        key = (type(m), m.out_features, m.in_features, getattr(m, "group_size", None))
-        groups.setdefault(key, Group([])).modules.append(m)
+        groups.setdefault(op_of(m), Group([])).modules.append(m)
     return list(groups.values())
 
 

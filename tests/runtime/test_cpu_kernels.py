@@ -92,7 +92,7 @@ def test_both_candidates_of_a_timing_do_the_same_work(rows):
     g = torch.Generator().manual_seed(0)
     fp32 = Group([CpuLinear(torch.randn(48, 64, generator=g), None) for _ in range(2)])
     scale, zero = torch.rand(48, 2, generator=g), torch.randint(0, 16, (48, 2), generator=g)
-    int4 = Group([NibbleLinear(torch.randint(0, 16, (48, 64), generator=g, dtype=torch.uint8), scale, zero, None, Scratch())])
+    int4 = Group([NibbleLinear.from_codes(torch.randint(0, 16, (48, 64), generator=g, dtype=torch.uint8), scale, zero, None, Scratch())])
     for group in (fp32, int4):
         runs = candidates(group, rows)
         ys = {name: fn() for name, fn in runs.items()}
