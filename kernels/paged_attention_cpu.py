@@ -46,32 +46,33 @@ static inline void prefetch_slot(const float *cache, const int32_t *tab, int t, 
     for (int i = 0; i < row * (int)sizeof(float); i += 64) __builtin_prefetch(p + i);
 }
 
-/* One sequence: n tokens, query heads h read KV head h / rep. sc: [H, n] scratch. */
+/* One sequence's query heads h0 .. h1-1 (whole KV groups): n tokens, query head h reads KV head h / rep.
+   sc: [H, n] scratch. */
 static inline __attribute__((always_inline)) void attend(
         const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-        int H, int KVH, const int D, int BS, float scale, float *sc) {
+        int H, int KVH, const int D, int BS, float scale, float *sc, int h0, int h1) {
     const int rep = H / KVH;
     for (int t = 0; t < n; t++) {
         prefetch_slot(kc, tab, t, n, BS, KVH * D);
         const float *kt = kc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
-        for (int h = 0; h < H; h++) {
+        for (int h = h0; h < h1; h++) {
             const float *k = kt + (h / rep) * D, *qh = q + h * D;
             float acc = 0.f;
             for (int d = 0; d < D; d++) acc += qh[d] * k[d];
             sc[h * n + t] = acc * scale;
         }
     }
-    for (int h = 0; h < H; h++) {
+    for (int h = h0; h < h1; h++) {
         float *row = sc + h * n, m = row[0], sum = 0.f;
         for (int t = 1; t < n; t++) m = row[t] > m ? row[t] : m;
         for (int t = 0; t < n; t++) { row[t] = exp_neg(row[t] - m); sum += row[t]; }
         for (int t = 0; t < n; t++) row[t] /= sum;
     }
-    memset(out, 0, sizeof(float) * H * D);
+    memset(out + h0 * D, 0, sizeof(float) * (h1 - h0) * D);
     for (int t = 0; t < n; t++) {
         prefetch_slot(vc, tab, t, n, BS, KVH * D);
         const float *vt = vc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
-        for (int h = 0; h < H; h++) {
+        for (int h = h0; h < h1; h++) {
             const float *v = vt + (h / rep) * D;
             float p = sc[h * n + t], *o = out + h * D;
             for (int d = 0; d < D; d++) o[d] += p * v[d];
@@ -80,33 +81,37 @@ static inline __attribute__((always_inline)) void attend(
 }
 
 typedef void row_fn(const float *, const float *, const float *, const int32_t *, int, float *, int, int, int, int,
-                    float, float *);
+                    float, float *, int, int);
 
 /* The common head sizes get their own copy with D known at compile time (fully unrolled loops). */
 static void attend_64(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-                      int H, int KVH, int D, int BS, float scale, float *sc) {
-    attend(q, kc, vc, tab, n, out, H, KVH, 64, BS, scale, sc);
+                      int H, int KVH, int D, int BS, float scale, float *sc, int h0, int h1) {
+    attend(q, kc, vc, tab, n, out, H, KVH, 64, BS, scale, sc, h0, h1);
 }
 static void attend_128(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-                       int H, int KVH, int D, int BS, float scale, float *sc) {
-    attend(q, kc, vc, tab, n, out, H, KVH, 128, BS, scale, sc);
+                       int H, int KVH, int D, int BS, float scale, float *sc, int h0, int h1) {
+    attend(q, kc, vc, tab, n, out, H, KVH, 128, BS, scale, sc, h0, h1);
 }
 static void attend_any(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-                       int H, int KVH, int D, int BS, float scale, float *sc) {
-    attend(q, kc, vc, tab, n, out, H, KVH, D, BS, scale, sc);
+                       int H, int KVH, int D, int BS, float scale, float *sc, int h0, int h1) {
+    attend(q, kc, vc, tab, n, out, H, KVH, D, BS, scale, sc, h0, h1);
 }
 
 int paged_attention(const float *q, const float *kc, const float *vc, const int32_t *tables,
                     const int32_t *lens, float *out, int S, int H, int KVH, int D, int BS, int MB,
                     float scale, int threads) {
     row_fn *row = D == 64 ? attend_64 : D == 128 ? attend_128 : attend_any;
+    /* fewer sequences than threads (a batch-1 decode): each sequence's KV heads are split over the threads */
+    const int split = S >= threads ? 1 : (KVH < threads ? KVH : threads), rep = H / KVH;
     int failed = 0;
 #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-    for (int s = 0; s < S; s++) {
+    for (int item = 0; item < S * split; item++) {
+        int s = item / split, part = item % split;
+        int h0 = KVH * part / split * rep, h1 = KVH * (part + 1) / split * rep;
         float *sc = malloc(sizeof(float) * (size_t)H * lens[s]);
         if (!sc) { failed = 1; continue; }
         row(q + (size_t)s * H * D, kc, vc, tables + (size_t)s * MB, lens[s], out + (size_t)s * H * D,
-            H, KVH, D, BS, scale, sc);
+            H, KVH, D, BS, scale, sc, h0, h1);
         free(sc);
     }
     return failed;

@@ -67,7 +67,10 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 
 
 class DenseCausal:
-    """Causal attention over the tokens of this call only: q, k, v [B, T, H(kv), D] -> [B, T, H, D]."""
+    """Causal attention over the tokens of this call only: q, k, v [B, T, H(kv), D] -> [B, T, H, D].
+    A backend also rotates q and k (``rotate``): the runtime's may do it in a kernel."""
+
+    rotate = staticmethod(apply_rope)
 
     def __init__(self, sliding_window: int | None = None):
         self.sliding_window = sliding_window
@@ -108,7 +111,7 @@ class Attention(nn.Module):
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
         q, k, v = q.view(B, T, self.h, self.d), k.view(B, T, self.kv, self.d), v.view(B, T, self.kv, self.d)
         cos, sin = self.rope
-        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        q, k = self.backend.rotate(q, cos, sin), self.backend.rotate(k, cos, sin)
         o = self.backend(self.layer, q, k, v)  # [B, T, H, D]
         return self.o_proj(o.reshape(B, T, self.h * self.d))
 

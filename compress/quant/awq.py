@@ -28,7 +28,10 @@ one thread each (``side_by_side``): the result does not depend on the thread cou
 few in fp32 (no faster, the casts cost what bf16 saved, and e^T H e cancels so much with correlated inputs
 that bf16 H put it off by up to 2x); ranking by the refit's error before re-rounding (codes change on
 re-rounding in 95% of rows; the best of its top 16 missed o_proj's best grid by 8-10% of e^T H e); feeding
-several candidates through each torch op (the ops are bound by bandwidth and the products, not dispatch).
+several candidates through each torch op (the ops are bound by bandwidth and the products, not dispatch);
+carrying H c from one candidate to the next in fp64 (about 45 codes change per candidate at int4, g128,
+each adding a row of H), with H c in registers: 1.1-1.3x slower than the two products, as each changed
+code reads a 1 KiB row of H from L2.
 
 The module swap and the folding of scales into the model live in ``awq_apply.py``.
 """

@@ -16,7 +16,8 @@ import torch
 import torch.nn.functional as F
 
 from compress import kernels
-from compress.kernels import paged_attention_cpu
+from compress.kernels import paged_attention_cpu, rope_cpu
+from compress.model.decoder import apply_rope
 
 DECODE_ROWS = 16  # beyond this many new tokens a sequence's rows cost more gathered than as one causal SDPA
 GROUP_SLACK = 1.25  # CPU decode: a group's KV padded to its longest row may be this much more than its real KV
@@ -89,10 +90,12 @@ class AttentionMetadata:
 class PagedAttention:
     """backend(layer, q [1, N, H, D], k, v [1, N, KVH, D]) -> [1, N, H, D] over the paged cache ``kv``."""
 
-    def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None, cpu_kernel: bool = True):
-        """cpu_kernel=False: CPU decodes take the torch path even where the C kernel builds."""
+    def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None, cpu_kernel: bool = True,
+                 rope_kernel: bool = False):
+        """cpu_kernel=False: CPU decodes take the torch path even where the C kernel builds; rope_kernel: q and k
+        are rotated by ``kernels/rope_cpu.py`` where it takes them (the same numbers as torch's expression)."""
         self.kv = kv  # [2, L, num_blocks, block_size, KVH, D]
-        self.meta, self.window = meta, sliding_window
+        self.meta, self.window, self.rope_kernel = meta, sliding_window, rope_kernel
         use_kernel = sliding_window is None and (kv.is_cuda or (cpu_kernel and paged_attention_cpu.supports(kv)))
         self.groups = [] if use_kernel or not meta.decode_rows.numel() else self._decode_groups(kv.shape[3])
         # The C kernel's bounds depend on the tables and the pool, not the layer: checked here, once a step.
@@ -114,6 +117,12 @@ class PagedAttention:
                 mask &= j[None] >= lens[idx, None] - self.window
             groups.append(DecodeGroup(idx, self.meta.decode_tables[idx, :width].long(), mask[:, None, None]))
         return groups
+
+    def rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """x [1, N, H(kv), D] rotated by the step's tables cos, sin [1, N, D]."""
+        if self.rope_kernel and rope_cpu.supports(x, cos):
+            return rope_cpu.rope(x, cos, sin)
+        return apply_rope(x, cos, sin)
 
     def __call__(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         k_cache, v_cache = self.kv[0, layer], self.kv[1, layer]  # [NB, bs, KVH, D]

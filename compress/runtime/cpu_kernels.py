@@ -1,5 +1,5 @@
-"""The CPU path's kernels, chosen at engine start: every Linear swapped (``cpu_linears``) and decode
-attention, each running the kernel measured fastest at each row count on this machine
+"""The CPU path's kernels, chosen at engine start: every Linear swapped (``cpu_linears``), decode
+attention, and the RMSNorms and rotary embedding (``cpu_norms``), each running the kernel measured fastest at each row count on this machine
 (``kernel_choice``), and the ``runtime:`` lines that say what was chosen.
 
 Decode attention is timed as a step's call for one layer: ``rows`` sequences (one new token each)
@@ -15,12 +15,13 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from compress.kernels import paged_attention_cpu
+from compress.kernels import paged_attention_cpu, rope_cpu
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_fusion import join_projections
 from compress.runtime.cpu_linears import Swapped, candidates, cpu_linears, group_modules, swapped_modules
+from compress.runtime.cpu_norms import CpuRMSNorm, norm_candidates, norm_op, rope_candidates, rope_op, swap_norms, use_c
 from compress.runtime.kernel_choice import C, TORCH, Plan, Timings, time_candidates
 
 CONTEXT = 256
@@ -57,14 +58,20 @@ class CpuKernels:
     skipped: int  # buckets left untimed (budget spent, or too noisy): they take the nearest timed bucket's choice
     seconds: float
     attention_fallback: str = FALLBACK  # why attention is None
+    norms: tuple[list[CpuRMSNorm], Plan] | None = None  # the swapped RMSNorms and their plan (None: none swapped)
+    rope: Plan | None = None  # None: q and k are rotated by torch's ops
 
     def __post_init__(self):
         self.attention_table = self.attention.table() if self.attention is not None else [False]
+        self.rope_table = self.rope.table() if self.rope is not None else [False]
 
     def attention_c(self, rows: int) -> bool:
         """Whether a step with `rows` decode rows runs the C attention kernel."""
-        table = self.attention_table
-        return table[rows] if rows < len(table) else table[-1]
+        return use_c(self.attention_table, rows)
+
+    def rope_c(self, rows: int) -> bool:
+        """Whether a step of `rows` tokens rotates q and k in the C kernel."""
+        return use_c(self.rope_table, rows)
 
     def lines(self) -> list[str]:
         """What was chosen, one line per Linear shape and one for attention (printed after "runtime: ")."""
@@ -81,6 +88,10 @@ class CpuKernels:
         if not self.linears.groups:
             out.append(f"matmuls run {FALLBACK}")
         out.append(f"decode attention: {self.attention.describe() if self.attention else self.attention_fallback}")
+        if self.norms is not None:
+            out.append(f"rms_norm ({len(self.norms[0])}): {self.norms[1].describe()}")
+        if self.rope is not None:
+            out.append(f"rotary embedding: {self.rope.describe()}")
         return out
 
 
@@ -100,9 +111,19 @@ def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = Non
     elif attention:
         timings.request(attention_op(cfg, config.block_size), config.max_num_seqs, TORCH,
                         lambda rows: time_candidates(decode_candidates(cfg, config.block_size, rows)))
+    norms = swap_norms(model)
+    if norms:
+        width = norms[0].weight.shape[0]
+        timings.request(norm_op(width), config.max_num_batched_tokens, TORCH, lambda rows: time_candidates(norm_candidates(width, rows)))
+    rope = rope_cpu.load() is not None and config.torch_dtype == torch.float32
+    if rope:
+        timings.request(rope_op(cfg), config.max_num_batched_tokens, TORCH, lambda rows: time_candidates(rope_candidates(cfg, rows)))
     plans = timings.plans()
     for g in linears.groups:
         g.apply(plans[g.op])
+    for norm in norms:
+        norm.use_c = plans[norm_op(width)].table()
     timings.save()
     attention_plan = plans[attention_op(cfg, config.block_size)] if attention else None
-    return CpuKernels(linears, attention_plan, timings.measured, timings.skipped, time.monotonic() - start, why)
+    return CpuKernels(linears, attention_plan, timings.measured, timings.skipped, time.monotonic() - start, why,
+                      (norms, plans[norm_op(width)]) if norms else None, plans[rope_op(cfg)] if rope else None)

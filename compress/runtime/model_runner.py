@@ -69,7 +69,8 @@ class ModelRunner:
         prompt_rows = [ends[i] - batch.num_new_tokens[i] + (p - starts[i])
                        for i, first, n in batch.prompt_logprob_rows() for p in range(first, first + n)]
         cpu_kernel = self.cpu_kernels is not None and self.cpu_kernels.attention_c(len(meta.decode_rows))
-        backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window, cpu_kernel)
+        rope_kernel = self.cpu_kernels is not None and self.cpu_kernels.rope_c(len(ids))
+        backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window, cpu_kernel, rope_kernel)
         h = self.model.hidden(torch.tensor([ids], device=self.device), meta.positions[None], backend)  # [1, N, C]
         logits = self.model.lm_head(h[0, last_rows + prompt_rows]).float()  # [S + R, V]
         return logits[:len(last_rows)], logits[len(last_rows):]

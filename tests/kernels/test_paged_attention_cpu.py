@@ -81,3 +81,19 @@ def test_without_a_working_compiler_the_caller_falls_back(fresh_build, monkeypat
     monkeypatch.delenv("CC")
     monkeypatch.setenv("COMPRESS_CPU_KERNELS", "0")
     assert kernel.load() is None
+
+
+@needs_compiler
+@pytest.mark.parametrize("threads", [2, 3, 4])
+@pytest.mark.parametrize("kv_heads", [1, 3, 5])
+def test_a_sequence_split_over_threads(threads, kv_heads):
+    """Fewer sequences than threads: a sequence's KV heads are split over the threads (unevenly where they do
+    not divide), with the same result."""
+    args = operands([70], 3 * kv_heads, kv_heads, 64, num_blocks=16)
+    ref = reference.paged_attention(*args)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        assert_matches(kernel.paged_attention(*args), ref)
+    finally:
+        torch.set_num_threads(before)

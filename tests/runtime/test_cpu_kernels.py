@@ -3,14 +3,15 @@
 import pytest
 import torch
 
-from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu
+from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
 from compress.model.config import ModelConfig
 from compress.runtime import SamplingParams, cpu_kernels, cpu_linears
 from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, candidates, rotation
 from compress.runtime.kernel_choice import C, TORCH, Plan, buckets
 from tests.runtime.conftest import make_llm
 
-needs_kernels = pytest.mark.skipif(None in (linear_cpu.load(), nibble_linear_cpu.load(), paged_attention_cpu.load()),
+needs_kernels = pytest.mark.skipif(None in (linear_cpu.load(), nibble_linear_cpu.load(), paged_attention_cpu.load(), rms_norm_cpu.load(),
+                                                   rope_cpu.load()),
                                    reason="no C compiler builds the kernels here")
 
 
@@ -44,14 +45,17 @@ def test_the_engine_runs_the_chosen_kernels(tiny_dir, monkeypatch, capsys, kerne
     llm = make_llm(tiny_dir, max_num_seqs=8, max_num_batched_tokens=64)
     err = capsys.readouterr().err
     gemm, attention = count_calls(monkeypatch, linear_cpu, "unchecked"), count_calls(monkeypatch, paged_attention_cpu, "unchecked")
+    norm, rope = count_calls(monkeypatch, rms_norm_cpu, "rms_norm"), count_calls(monkeypatch, rope_cpu, "rope")
     llm.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=3, temperature=0, ignore_eos=True))
-    assert (len(gemm) > 0, len(attention) > 0) == (kernel == C, kernel == C)
+    assert {len(calls) > 0 for calls in (gemm, attention, norm, rope)} == {kernel == C}
     expected = "C at every row count" if kernel == C else "torch at every row count"
     assert f"runtime: linear 64x64 fp32 (2): {expected}" in err and f"runtime: decode attention: {expected}" in err  # o_proj
+    assert f"runtime: rms_norm (5): {expected}" in err and f"runtime: rotary embedding: {expected}" in err  # 2 blocks + final
     assert f"runtime: linear 128x64 fp32 (2): {expected}" in err  # q, k and v joined (64 + 32 + 32 rows)
     ops = {op: (max_rows, preferred) for op, max_rows, preferred in timings.requests}
     assert ops["linear 49152x64 fp32"] == (64, TORCH)  # Linears: up to a step's tokens
     assert [v for op, v in ops.items() if op.startswith("attention")] == [(8, TORCH)]  # attention: up to max_num_seqs
+    assert ops["rms_norm 64"] == (64, TORCH) and [v for op, v in ops.items() if op.startswith("rope")] == [(64, TORCH)]
 
 
 @needs_kernels
