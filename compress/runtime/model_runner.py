@@ -12,6 +12,7 @@ from compress.roofline import kv_bytes_per_token
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_kernels import choose
+from compress.runtime.cpu_step import DecodeStep, eligible
 from compress.runtime.scheduler import ScheduledBatch
 
 
@@ -43,6 +44,10 @@ class ModelRunner:
         )
         mib = self.kv.numel() * self.kv.element_size() / 2**20
         print(f"runtime: KV cache {self.num_blocks} blocks x {self.block_size} tokens ({mib:.1f} MiB)", file=sys.stderr)
+        self.decode_step = DecodeStep(self.model, self.kv) if self.cpu_kernels is not None and eligible(self.model) else None
+        if self.decode_step is not None:
+            print("runtime: decode steps run every block in one C call where C is chosen for every op at the step's rows",
+                  file=sys.stderr)
 
     def block_bytes(self) -> int:
         return kv_block_bytes(self.model.cfg, self.block_size, self.config.torch_dtype)
@@ -70,8 +75,12 @@ class ModelRunner:
                        for i, first, n in batch.prompt_logprob_rows() for p in range(first, first + n)]
         cpu_kernel = self.cpu_kernels is not None and self.cpu_kernels.attention_c(len(meta.decode_rows))
         rope_kernel = self.cpu_kernels is not None and self.cpu_kernels.rope_c(len(ids))
-        backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window, cpu_kernel, rope_kernel)
-        h = self.model.hidden(torch.tensor([ids], device=self.device), meta.positions[None], backend)  # [1, N, C]
+        ids_t = torch.tensor([ids], device=self.device)  # [1, N]
+        if self.decode_step is not None and self.decode_step.takes(meta, len(ids), cpu_kernel, rope_kernel):
+            h = self.decode_step(ids_t, meta)  # [1, N, C]
+        else:
+            backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window, cpu_kernel, rope_kernel)
+            h = self.model.hidden(ids_t, meta.positions[None], backend)  # [1, N, C]
         logits = self.model.lm_head(h[0, last_rows + prompt_rows]).float()  # [S + R, V]
         return logits[:len(last_rows)], logits[len(last_rows):]
 

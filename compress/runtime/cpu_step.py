@@ -1,0 +1,90 @@
+"""Decode steps of a 4-bit model on CPU as one C call over every block (``kernels/decode_step_cpu.py``).
+
+A step whose rows are all decode rows (one new token per sequence, or a speculative verification's few)
+runs the blocks in C when, at that row count, the engine's plans chose the C kernel for every op the loop
+calls: the four 4-bit Linears of a block, RMSNorm, the rotary embedding and decode attention
+(``cpu_kernels``). Otherwise, and for prompts, the decoder's modules run as before. The loop calls the
+same kernels, so the numbers are those of the module path except SiLU(gate) * up, computed in the loop
+(within ~1e-7 relative of torch's).
+
+Which models: fp32 activations, every block's q/k/v and gate/up joined (``cpu_fusion``), all four Linears
+``NibbleLinear`` without bias and of one group size and activation kind, ``CpuRMSNorm`` norms, no sliding
+window. The embedding lookup, the rotary tables and the lm_head stay in Python (once a step).
+"""
+
+import torch
+from torch import nn
+
+from compress.kernels import decode_step_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.runtime.attention import AttentionMetadata
+from compress.runtime.cpu_linears import NibbleLinear
+from compress.runtime.cpu_norms import CpuRMSNorm, use_c
+
+
+def block_modules(block: nn.Module) -> list[nn.Module]:
+    """A block's modules in the loop's order: the two norms, then q/k/v, o, gate/up, down."""
+    attn, mlp = block.self_attn, block.mlp
+    return [block.input_layernorm, block.post_attention_layernorm, attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj]
+
+
+def eligible(model: nn.Module) -> bool:
+    """Whether every block has the modules the C loop runs (see the module's docstring)."""
+    if model.cfg.sliding_window is not None or decode_step_cpu.load() is None:
+        return False
+    linears = [m for b in model.model.layers for m in block_modules(b)[2:]]
+    norms = [m for b in model.model.layers for m in block_modules(b)[:2]] + [model.model.norm]
+    if not all(isinstance(m, NibbleLinear) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
+        return False
+    return len({(m.group_size, m.int8_activations) for m in linears}) == 1 and len({m.eps for m in norms}) == 1
+
+
+class DecodeStep:
+    """``step(ids, meta)`` -> final-norm hidden states [1, R, C] of a decode-only step, in one C call."""
+
+    def __init__(self, model: nn.Module, kv: torch.Tensor):
+        """model: eligible (``eligible``); kv: the runner's cache [2, L, NB, BS, KVH, D]."""
+        cfg, blocks = model.cfg, model.model.layers
+        self.model, self.kv = model, kv
+        self.first = block_modules(blocks[0])  # every block has the same shapes, so the same plans
+        ptrs = [t.data_ptr() for b in blocks for m in block_modules(b) for t in self._tensors(m)]
+        self.ptrs = torch.tensor(ptrs + [model.model.norm.weight.data_ptr()], dtype=torch.int64)
+        int8 = self.first[2].int8_activations
+        lin = (nibble_q8_cpu if int8 else nibble_linear_cpu).load()
+        self.fns = torch.tensor([decode_step_cpu.address(lin, "linear"), decode_step_cpu.address(rms_norm_cpu.load(), "rms_norm"),
+                                 decode_step_cpu.address(rope_cpu.load(), "rope"),
+                                 decode_step_cpu.address(paged_attention_cpu.load(), "paged_attention")], dtype=torch.int64)
+        self.dims = torch.tensor([cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                  kv.shape[3], kv.shape[2], 0, cfg.num_layers, self.first[2].group_size], dtype=torch.int32)
+        self.eps, self.scale = self.first[0].eps, cfg.head_dim**-0.5
+        self.scratch = torch.empty(0)  # grown to the most rows a step has had
+
+    @staticmethod
+    def _tensors(m: nn.Module) -> list[torch.Tensor]:
+        return [m.weight] if isinstance(m, CpuRMSNorm) else list(m.packed)
+
+    def takes(self, meta: AttentionMetadata, rows: int, attention_c: bool, rope_c: bool) -> bool:
+        """Whether a step of ``rows`` rows with this metadata runs here: all decode rows, and C chosen for every op."""
+        if len(meta.decode_rows) != rows or meta.prefills or not (attention_c and rope_c):
+            return False
+        return all(use_c(m.use_c, rows) for m in self.first)
+
+    @torch.inference_mode()
+    def __call__(self, ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """ids [1, R] -> final-norm hidden states [1, R, C] (the K/V of the new tokens written into the cache)."""
+        model = self.model
+        x = model.model.embed_tokens(ids).float().contiguous()  # [1, R, C]
+        cos, sin = (t.contiguous() for t in model.rope(meta.positions[None], x.dtype))  # [1, R, D]
+        tables, lens = meta.decode_tables.contiguous(), meta.decode_lens.contiguous()
+        paged_attention_cpu.check_bounds(self.kv[0, 0], tables, lens)
+        self.dims[7] = tables.shape[1]
+        out, rows, cfg = torch.empty_like(x), ids.shape[1], model.cfg
+        need = decode_step_cpu.scratch_floats(rows, cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim)
+        if self.scratch.numel() < need:
+            self.scratch = torch.empty(need)
+        failed = decode_step_cpu.load().decode_step(
+            x.data_ptr(), out.data_ptr(), cos.data_ptr(), sin.data_ptr(), meta.slots.data_ptr(), tables.data_ptr(),
+            lens.data_ptr(), self.kv.data_ptr(), self.ptrs.data_ptr(), self.fns.data_ptr(), self.dims.data_ptr(),
+            self.eps, self.scale, self.scratch.data_ptr(), rows, torch.get_num_threads())
+        if failed:
+            raise MemoryError("the CPU decode step could not allocate its kernels' buffers")
+        return out

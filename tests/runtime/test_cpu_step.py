@@ -1,0 +1,88 @@
+"""The one-call CPU decode step: the module path's numbers, and taken only where every op chose C."""
+
+import pytest
+import torch
+
+from compress.kernels import decode_step_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.runtime import SamplingParams, cpu_kernels
+from compress.runtime.attention import AttentionMetadata, PagedAttention
+from compress.runtime.cpu_step import DecodeStep, eligible
+from compress.runtime.kernel_choice import C, TORCH
+from tests.runtime.conftest import make_llm
+from tests.runtime.test_cpu_kernels import FixedTimings
+
+needs_kernels = pytest.mark.skipif(
+    None in (decode_step_cpu.load(), nibble_linear_cpu.load(), paged_attention_cpu.load(), rms_norm_cpu.load(), rope_cpu.load()),
+    reason="no C compiler builds the kernels here")
+
+
+def engine(model_dir, monkeypatch, kernel=C, **config):
+    monkeypatch.setattr(cpu_kernels, "Timings", lambda: FixedTimings(kernel))
+    return make_llm(model_dir, max_num_seqs=4, max_num_batched_tokens=64, **config)
+
+
+def prefill(runner, prompts: list[list[int]], tables: list[list[int]]) -> None:
+    """Run the prompts through the module path, filling their K/V slots."""
+    meta = AttentionMetadata.build([0] * len(prompts), [len(p) for p in prompts], tables, 16, "cpu")
+    ids = torch.tensor([[t for p in prompts for t in p]])
+    with torch.inference_mode():
+        runner.model.hidden(ids, meta.positions[None], PagedAttention(runner.kv, meta, None))
+
+
+@needs_kernels
+@pytest.mark.parametrize("int8_activations", [False, True])
+def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_int4_dir, monkeypatch, int8_activations):
+    if int8_activations and nibble_q8_cpu.load() is None:
+        pytest.skip("no int8-activation kernel here")
+    llm = engine(tiny_int4_dir, monkeypatch, cpu_int8_activations=int8_activations)
+    runner = llm.runner
+    assert isinstance(runner.decode_step, DecodeStep)
+    prompts, tables = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 40))], [[3], [1, 7]]  # 7 and 20 tokens: one sequence over two blocks
+    prefill(runner, prompts, tables)
+    meta = AttentionMetadata.build([7, 20], [1, 1], tables, 16, "cpu")
+    ids = torch.tensor([[42, 43]])
+    assert runner.decode_step.takes(meta, 2, True, True)
+    before = runner.kv.clone()
+    h_step = runner.decode_step(ids, meta)
+    kv_step, runner.kv[:] = runner.kv.clone(), before
+    with torch.inference_mode():
+        h_modules = runner.model.hidden(ids, meta.positions[None], PagedAttention(runner.kv, meta, None, True, True))
+    torch.testing.assert_close(kv_step[:, 0], runner.kv[:, 0], rtol=0, atol=0)  # block 0's rotated K and V: bit for bit
+    torch.testing.assert_close(kv_step, runner.kv, rtol=1e-5, atol=1e-6)  # later blocks: after SiLU(gate) * up, computed apart
+    torch.testing.assert_close(h_step, h_modules, rtol=1e-5, atol=1e-5)
+    assert not torch.equal(kv_step, before)
+
+
+@needs_kernels
+def test_the_engine_takes_it_for_decode_steps_only_and_generates_the_same_tokens(tiny_int4_dir, monkeypatch):
+    llm = engine(tiny_int4_dir, monkeypatch)
+    calls, real = [], DecodeStep.__call__
+    monkeypatch.setattr(DecodeStep, "__call__", lambda self, ids, meta: calls.append(ids.shape[1]) or real(self, ids, meta))
+    params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    prompts = [[1, 2, 3, 4, 5], list(range(100, 130))]
+    with_step = [o.token_ids for o in llm.generate(prompts, params)]
+    assert calls and set(calls) <= {1, 2}  # decode steps of one or both sequences; the prompts went through the modules
+    step, llm.runner.decode_step = llm.runner.decode_step, None
+    assert [o.token_ids for o in llm.generate(prompts, params)] == with_step
+    llm.runner.decode_step = step
+
+
+@needs_kernels
+def test_not_taken_where_an_op_chose_torch(tiny_int4_dir, monkeypatch):
+    llm = engine(tiny_int4_dir, monkeypatch)
+    step = llm.runner.decode_step
+    meta = AttentionMetadata.build([7], [1], [[3]], 16, "cpu")
+    assert step.takes(meta, 1, True, True)
+    assert not step.takes(meta, 1, False, True) and not step.takes(meta, 1, True, False)  # attention, rope
+    step.first[3].use_c = [False, False, True]  # o_proj: torch at 1 row
+    assert not step.takes(meta, 1, True, True)
+    assert not step.takes(AttentionMetadata.build([0], [20], [[3, 4]], 16, "cpu"), 20, True, True)  # a prompt
+
+
+@needs_kernels
+def test_models_it_does_not_run(tiny_dir, tiny_int4_dir, monkeypatch):
+    assert engine(tiny_dir, monkeypatch).runner.decode_step is None  # fp32 Linears
+    assert engine(tiny_int4_dir, monkeypatch, kernel=TORCH).runner.decode_step is not None  # eligible; plans decide per step
+    llm = engine(tiny_int4_dir, monkeypatch)
+    llm.runner.model.model.layers[1].mlp.down_proj.bias = torch.nn.Parameter(torch.zeros(64), requires_grad=False)
+    assert not eligible(llm.runner.model)
