@@ -1,6 +1,6 @@
 """The CPU kernels against torch on a model's shapes, and the choice the engine makes between them.
 
-    OMP_NUM_THREADS=2 python -m compress.bench.cpu_kernels [--shapes smollm2|llama3-8b] [--repeats 5] [--rows 1,5]
+    OMP_NUM_THREADS=2 python -m compress.bench.cpu_kernels [--shapes smollm2|smollm2-joined|llama3-8b] [--repeats 5] [--rows 1,5]
 
 Prints the host (CPU, vector extensions, threads, how the C kernels were built), then
 - decode attention: one step of 64 sequences with seeded contexts of 16-768 tokens (the mixed
@@ -43,9 +43,11 @@ from compress.runtime.cpu_kernels import decode_candidates
 from compress.runtime.cpu_linears import ROTATION_BYTES, SLICE_MIN, CpuLinear, Group, NibbleLinear, Scratch, candidates
 from compress.runtime.kernel_choice import C, TORCH, Plan, buckets, confirmed, decide, time_candidates
 
-# (out, in, how many in the model): q/o, k/v, gate/up, down, lm_head
+# (out, in, how many in the model): q/o, k/v, gate/up, down, lm_head; "-joined": as the engine runs them, q/k/v and
+# gate/up joined into one Linear each (runtime/cpu_fusion.py)
 SHAPES = {
     "smollm2": [(576, 576, 60), (192, 576, 60), (1536, 576, 60), (576, 1536, 30), (49152, 576, 1)],
+    "smollm2-joined": [(960, 576, 30), (576, 576, 30), (3072, 576, 30), (576, 1536, 30), (49152, 576, 1)],
     "llama3-8b": [(4096, 4096, 64), (1024, 4096, 64), (14336, 4096, 64), (4096, 14336, 32), (128256, 4096, 1)],
 }
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16  # SmolLM2-135M's attention
