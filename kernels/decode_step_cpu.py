@@ -18,10 +18,11 @@ import ctypes
 import functools
 
 from compress.kernels import cpu_build
+from compress.kernels.paged_attention_cpu import EXP_NEG
 
 PTRS = 14  # norm1, norm2, then (codes, scales, offsets) of qkv, o, gate_up, down
 
-SOURCE = r"""
+SOURCE = EXP_NEG + r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -31,22 +32,6 @@ typedef void (*norm_fn)(const float *, const float *, float *, int, int, float, 
 typedef void (*rope_fn)(const float *, const float *, const float *, float *, int, int, int, int);
 typedef int (*attn_fn)(const float *, const float *, const float *, const int32_t *, const int32_t *, float *,
                        int, int, int, int, int, int, float, int);
-
-/* e^x for x <= 0 (paged_attention_cpu's): 2^n * 2^f, degree-6 Taylor, relative error ~1e-7 */
-static inline float exp_neg(float x) {
-    float z = (x < -87.f ? -87.f : x) * 1.44269504f;
-    int32_t n = (int32_t)(z - 0.5f);
-    float f = (z - (float)n) * 0.69314718f, p = 1.3888889e-3f;
-    p = p * f + 8.3333333e-3f;
-    p = p * f + 4.1666667e-2f;
-    p = p * f + 1.6666667e-1f;
-    p = p * f + 0.5f;
-    p = p * f + 1.f;
-    p = p * f + 1.f;
-    union { float f; int32_t i; } u = { p };
-    u.i += n << 23;
-    return u.f;
-}
 
 /* act[r] = silu(gu[r, :m]) * gu[r, m:] */
 static void silu_mul(const float *gu, float *act, int rows, int m) {

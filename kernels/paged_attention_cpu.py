@@ -16,10 +16,8 @@ import torch
 from compress.kernels import cpu_build
 from compress.kernels.checks import check_paged_attention
 
-SOURCE = r"""
+EXP_NEG = r"""
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 /* e^x for x <= 0 in a form compilers vectorize: 2^n * 2^f, f in [-1/2, 1/2], degree-6 Taylor
    (relative error ~1e-7); libm's expf is a call per element. */
@@ -37,6 +35,12 @@ static inline float exp_neg(float x) {
     u.i += n << 23;
     return u.f;
 }
+"""
+
+SOURCE = EXP_NEG + r"""
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 /* The slot of token t + 16 (its cache lines): a sequence's blocks lie anywhere in the pool, so the
    hardware prefetcher stalls at every block boundary; fetching a block ahead hides most of that. */

@@ -37,7 +37,7 @@ def test_takes_a_view_of_joined_projections():
 
 
 def test_declines_what_it_does_not_take():
-    x, (cos, sin) = torch.randn(1, 2, 3, 8), tables(1, 2, 8)
+    x, (cos, _) = torch.randn(1, 2, 3, 8), tables(1, 2, 8)
     assert not rope_cpu.supports(x.double(), cos.double())
     assert not rope_cpu.supports(x[..., :7], cos[..., :7])  # odd head size
     assert not rope_cpu.supports(x, cos[:, :1])  # tables for another number of tokens
