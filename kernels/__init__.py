@@ -1,9 +1,10 @@
 """Compute kernels, installed as ``compress.kernels``.
 
 Each op runs a Triton kernel on CUDA tensors and the plain-torch reference (``reference.py``)
-everywhere else, so the CPU runtime runs the same code path end to end; one exception: fp32 paged
+everywhere else, so the CPU runtime runs the same code path end to end; two exceptions: fp32 paged
 attention on CPU runs a small C kernel (``paged_attention_cpu.py``) where the machine's C compiler
-builds it. Layouts: docs/kernels.md.
+builds it, and int4 (any width dividing 32) is unpacked by word arithmetic (``packed_words.py``, ~8x the
+reference's bit planes, the same numbers). Layouts: docs/kernels.md.
 
 Three kernel modules share their op's name (``dequant_matmul``, ``fp8_matmul``,
 ``paged_attention``). Python binds a submodule as an attribute of its package when the submodule
@@ -17,9 +18,8 @@ from compress.kernels import dequant_matmul as _dequant_matmul_kernel
 from compress.kernels import fp8_matmul as _fp8_matmul_kernel
 from compress.kernels import int8_matmul as _int8_matmul_kernel
 from compress.kernels import paged_attention as _paged_attention_kernel
-from compress.kernels import paged_attention_cpu
+from compress.kernels import packed_words, paged_attention_cpu
 from compress.kernels import reference
-from compress.kernels.reference import dequantize_packed
 
 __all__ = ["dequant_matmul", "dequantize_packed", "fp8_matmul", "int8_outlier_matmul", "paged_attention"]
 
@@ -35,8 +35,17 @@ def fused_dequant(x: torch.Tensor) -> bool:
 
 def dequant_matmul(x: torch.Tensor, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None):
     """y [..., O] = x [..., I] @ dequant(W)^T (+ bias) for pack-quantized int4/int3 W."""
-    op = _dequant_matmul_kernel.dequant_matmul if fused_dequant(x) else reference.dequant_matmul
+    if fused_dequant(x):
+        op = _dequant_matmul_kernel.dequant_matmul
+    else:
+        op = packed_words.dequant_matmul if packed_words.supports(bits) else reference.dequant_matmul
     return op(x, packed, scale, zero_packed, bits, bias)
+
+
+def dequantize_packed(packed: torch.Tensor, scale, zero_packed, bits: int, in_features: int) -> torch.Tensor:
+    """The weight [O, I] of pack-quantized int4/int3 W, in scale's dtype."""
+    op = packed_words.dequantize_packed if packed_words.supports(bits) else reference.dequantize_packed
+    return op(packed, scale, zero_packed, bits, in_features)
 
 
 def int8_outlier_matmul(x: torch.Tensor, weight, weight_scale, outlier_idx, outlier_weight, bias=None):
