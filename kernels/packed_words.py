@@ -2,10 +2,12 @@
 whose codes never straddle an int32 word (2, 4, 8): one shift and mask per code instead of the reference's
 32 bit planes per word. The path of ``dequant_matmul`` and ``dequantize_packed`` wherever the fused Triton
 kernel does not run (CPU: AWQ's calibration passes through quantized blocks, evaluation of a packed
-model): ~10x faster than ``reference.py``, whose bit planes stay the test oracle. Imports only torch.
+model): ~10x faster than ``reference.py``, whose bit planes stay the test oracle. Imports only torch and the reference.
 """
 
 import torch
+
+from compress.kernels import reference
 
 
 def supports(bits: int) -> bool:
@@ -22,18 +24,10 @@ def unpack_rows(packed: torch.Tensor, bits: int, cols: int) -> torch.Tensor:
 
 def dequantize_packed(packed: torch.Tensor, scale: torch.Tensor, zero_packed: torch.Tensor | None, bits: int,
                       in_features: int) -> torch.Tensor:
-    """The weight [O, I] in scale's dtype: (q - z) * s per group (``reference.dequantize_packed``'s contract)."""
-    out_features, groups = scale.shape
-    q = unpack_rows(packed, bits, in_features).view(out_features, groups, -1)  # [O, G, g]
-    if zero_packed is None:
-        z = torch.full_like(scale, 2 ** (bits - 1))
-    else:
-        z = unpack_rows(zero_packed.t().contiguous(), bits, out_features).t().to(scale.dtype)  # [O, G]
-    w = q.to(scale.dtype).sub_(z[..., None]).mul_(scale[..., None])  # in place: the reference's (q - z) * s
-    return w.view(out_features, in_features)
+    """The weight [O, I] in scale's dtype: ``reference.dequantize_packed`` with this file's unpacking."""
+    return reference.dequantize_packed(packed, scale, zero_packed, bits, in_features, unpack_rows)
 
 
 def dequant_matmul(x, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None):
     """y [..., O] = x [..., I] @ dequant(W).T (+ bias)."""
-    w = dequantize_packed(packed, scale, zero_packed, bits, x.shape[-1]).to(x.dtype)
-    return torch.nn.functional.linear(x, w, bias)
+    return reference.dequant_matmul(x, packed, scale, zero_packed, bits, bias, unpack_rows)

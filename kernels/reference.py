@@ -27,20 +27,22 @@ def dequantize_packed(
     zero_packed: torch.Tensor | None,  # [ceil(O*bits/32), I/g] int32, None = symmetric
     bits: int,
     in_features: int,
+    unpack=unpack_rows,  # (packed [R, W], bits, cols) -> codes [R, cols]; packed_words.py passes its faster one
 ) -> torch.Tensor:
     """The weight [O, I] in scale's dtype: (q - z) * s per group."""
     out_features, groups = scale.shape
-    q = unpack_rows(packed, bits, in_features).view(out_features, groups, -1)  # [O, G, g]
+    q = unpack(packed, bits, in_features).view(out_features, groups, -1)  # [O, G, g]
     if zero_packed is None:
         z = torch.full_like(scale, 2 ** (bits - 1))
     else:
-        z = unpack_rows(zero_packed.t().contiguous(), bits, out_features).t().to(scale.dtype)  # [O, G]
-    return ((q.to(scale.dtype) - z[..., None]) * scale[..., None]).view(out_features, in_features)
+        z = unpack(zero_packed.t().contiguous(), bits, out_features).t().to(scale.dtype)  # [O, G]
+    w = q.to(scale.dtype).sub_(z[..., None]).mul_(scale[..., None])  # (q - z) * s, in place
+    return w.view(out_features, in_features)
 
 
-def dequant_matmul(x, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None):
+def dequant_matmul(x, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None, unpack=unpack_rows):
     """y [..., O] = x [..., I] @ dequant(W).T (+ bias)."""
-    w = dequantize_packed(packed, scale, zero_packed, bits, x.shape[-1]).to(x.dtype)
+    w = dequantize_packed(packed, scale, zero_packed, bits, x.shape[-1], unpack).to(x.dtype)
     return torch.nn.functional.linear(x, w, bias)
 
 
