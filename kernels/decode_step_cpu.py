@@ -9,9 +9,11 @@ calls the same C kernels (the 4-bit GEMMs, ``rms_norm_cpu``, ``rope_cpu``, ``pag
 through function pointers taken from their libraries, so each op computes what it computes when called
 from Python; only the residual adds and SiLU(gate) * up are computed here.
 
-Tables (int64, built once by the runtime): per block, ``PTRS`` pointers: the two norm weights, then codes,
-scales and offsets of q/k/v (joined), o, gate/up (joined) and down; ``fns``: the 4-bit GEMM (one kernel for
-every Linear), rms_norm, rope, paged_attention.
+Tables (int64, built once by the runtime): per block, ``PTRS`` pointers: the two norm weights, then three per
+Linear, q/k/v (joined), o, gate/up (joined) and down: codes, scales and offsets of a 4-bit one, or the fp32
+weight (and two unused); ``fns``: the GEMM (one kernel for every Linear: ``nibble_linear_cpu``'s or
+``nibble_q8_cpu``'s ``linear``, or ``linear_cpu``'s for fp32, ``dims[10]`` says which), rms_norm, rope,
+paged_attention.
 """
 
 import ctypes
@@ -28,6 +30,7 @@ SOURCE = EXP_NEG + r"""
 #include <string.h>
 
 typedef int (*linear_fn)(const float *, const unsigned char *, const float *, const float *, float *, int, int, int, int, int);
+typedef void (*dense_fn)(const float *, const float *, float *, int, int, int, int);
 typedef void (*norm_fn)(const float *, const float *, float *, int, int, float, int);
 typedef void (*rope_fn)(const float *, const float *, const float *, float *, int, int, int, int);
 typedef int (*attn_fn)(const float *, const float *, const float *, const int32_t *, const int32_t *, float *,
@@ -48,19 +51,20 @@ static void silu_mul(const float *gu, float *act, int rows, int m) {
 
 static void add(float *x, const float *y, size_t n) { for (size_t i = 0; i < n; i++) x[i] += y[i]; }
 
-/* the 4-bit GEMM (its signature: x, codes, scales, offsets, y, rows, O, I, groups per row, threads) */
+/* the GEMM: 4-bit (x, codes, scales, offsets, y, rows, O, I, groups per row, threads) or fp32 (x, w, y, rows, O, I, threads) */
 #define LIN(fn, p, in, out, O, I, GS) \
-    if ((fn)((in), (const unsigned char *)(p)[0], (const float *)(p)[1], (const float *)(p)[2], (out), R, (O), (I), (I) / (GS), threads)) return 1
+    if (dense) ((dense_fn)(fn))((in), (const float *)(p)[0], (out), R, (O), (I), threads); \
+    else if ((fn)((in), (const unsigned char *)(p)[0], (const float *)(p)[1], (const float *)(p)[2], (out), R, (O), (I), (I) / (GS), threads)) return 1
 
 /* x [R, C]: the blocks' input (overwritten by the residual stream); out [R, C]: after the final norm.
    cos, sin [R, D]; slots [R] (int64) the new tokens' cache slots; tables [R, MB], lens [R] as
    paged_attention_cpu takes them; kv [2, L, NB, BS, KVH, D]. dims: C, M (MLP width), H, KVH, D, BS, NB, MB,
-   L, G (group size); eps: the norms'; scale: attention's; scratch: ``scratch_floats`` floats. */
+   L, G (group size), dense (1: fp32 Linears); eps: the norms'; scale: attention's; scratch: ``scratch_floats`` floats. */
 int decode_step(float *x, float *out, const float *cos, const float *sin, const int64_t *slots, const int32_t *tables,
                 const int32_t *lens, float *kv, const int64_t *ptrs, const int64_t *fns, const int *dims, float eps,
                 float scale, float *scratch, int R, int threads) {
     const int C = dims[0], M = dims[1], H = dims[2], KVH = dims[3], D = dims[4], BS = dims[5], NB = dims[6], MB = dims[7],
-              L = dims[8], G = dims[9], W = (H + 2 * KVH) * D;
+              L = dims[8], G = dims[9], dense = dims[10], W = (H + 2 * KVH) * D;
     linear_fn lin = (linear_fn)fns[0];
     norm_fn norm = (norm_fn)fns[1];
     rope_fn rope = (rope_fn)fns[2];

@@ -1,23 +1,24 @@
-"""Decode steps of a 4-bit model on CPU as one C call over every block (``kernels/decode_step_cpu.py``).
+"""Decode steps on CPU as one C call over every block (``kernels/decode_step_cpu.py``).
 
 A step whose rows are all decode rows (one new token per sequence, or a speculative verification's few)
 runs the blocks in C when, at that row count, the engine's plans chose the C kernel for every op the loop
-calls: the four 4-bit Linears of a block, RMSNorm, the rotary embedding and decode attention
+calls: the four Linears of a block, RMSNorm, the rotary embedding and decode attention
 (``cpu_kernels``). Otherwise, and for prompts, the decoder's modules run as before. The loop calls the
 same kernels, so the numbers are those of the module path except SiLU(gate) * up, computed in the loop
 (within ~1e-7 relative of torch's).
 
 Which models: fp32 activations, every block's q/k/v and gate/up joined (``cpu_fusion``), all four Linears
-``NibbleLinear`` without bias and of one group size and activation kind, ``CpuRMSNorm`` norms, no sliding
-window. The embedding lookup, the rotary tables and the lm_head stay in Python (once a step).
+without bias and of one kind: ``NibbleLinear`` of one group size and activation kind, or fp32 ``CpuLinear``
+(their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
+and up, where C was chosen), ``CpuRMSNorm`` norms, no sliding window. The embedding lookup, the rotary tables and the lm_head stay in Python (once a step).
 """
 
 import torch
 from torch import nn
 
-from compress.kernels import decode_step_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.kernels import decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
 from compress.runtime.attention import AttentionMetadata
-from compress.runtime.cpu_linears import NibbleLinear
+from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
 from compress.runtime.cpu_norms import CpuRMSNorm, use_c
 
 
@@ -33,9 +34,10 @@ def eligible(model: nn.Module) -> bool:
         return False
     linears = [m for b in model.model.layers for m in block_modules(b)[2:]]
     norms = [m for b in model.model.layers for m in block_modules(b)[:2]] + [model.model.norm]
-    if not all(isinstance(m, NibbleLinear) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
+    if not all(isinstance(m, (NibbleLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
         return False
-    return len({(m.group_size, m.int8_activations) for m in linears}) == 1 and len({m.eps for m in norms}) == 1
+    kinds = {(type(m), m.group_size, m.int8_activations) if isinstance(m, NibbleLinear) else CpuLinear for m in linears}
+    return len(kinds) == 1 and len({m.eps for m in norms}) == 1
 
 
 class DecodeStep:
@@ -48,19 +50,23 @@ class DecodeStep:
         self.first = block_modules(blocks[0])  # every block has the same shapes, so the same plans
         ptrs = [t.data_ptr() for b in blocks for m in block_modules(b) for t in self._tensors(m)]
         self.ptrs = torch.tensor(ptrs + [model.model.norm.weight.data_ptr()], dtype=torch.int64)
-        int8 = self.first[2].int8_activations
-        lin = (nibble_q8_cpu if int8 else nibble_linear_cpu).load()
+        dense = isinstance(self.first[2], CpuLinear)
+        lin = linear_cpu.load() if dense else (nibble_q8_cpu if self.first[2].int8_activations else nibble_linear_cpu).load()
         self.fns = torch.tensor([decode_step_cpu.address(lin, "linear"), decode_step_cpu.address(rms_norm_cpu.load(), "rms_norm"),
                                  decode_step_cpu.address(rope_cpu.load(), "rope"),
                                  decode_step_cpu.address(paged_attention_cpu.load(), "paged_attention")], dtype=torch.int64)
         self.dims = torch.tensor([cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                  kv.shape[3], kv.shape[2], 0, cfg.num_layers, self.first[2].group_size], dtype=torch.int32)
+                                  kv.shape[3], kv.shape[2], 0, cfg.num_layers, 1 if dense else self.first[2].group_size, int(dense)],
+                                 dtype=torch.int32)
         self.eps, self.scale = self.first[0].eps, cfg.head_dim**-0.5
         self.scratch = torch.empty(0)  # grown to the most rows a step has had
 
     @staticmethod
     def _tensors(m: nn.Module) -> list[torch.Tensor]:
-        return [m.weight] if isinstance(m, CpuRMSNorm) else list(m.packed)
+        """A module's pointers in the table: a norm's weight; a Linear's three (an fp32 weight, then it twice unused)."""
+        if isinstance(m, CpuRMSNorm):
+            return [m.weight]
+        return [m.weight] * 3 if isinstance(m, CpuLinear) else list(m.packed)
 
     def takes(self, meta: AttentionMetadata, rows: int, attention_c: bool, rope_c: bool) -> bool:
         """Whether a step of ``rows`` rows with this metadata runs here: all decode rows, and C chosen for every op."""

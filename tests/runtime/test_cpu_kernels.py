@@ -5,7 +5,7 @@ import torch
 
 from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
 from compress.model.config import ModelConfig
-from compress.runtime import SamplingParams, cpu_kernels, cpu_linears
+from compress.runtime import SamplingParams, cpu_kernels, cpu_linears, model_runner
 from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, candidates, rotation
 from compress.runtime.kernel_choice import C, TORCH, Plan, buckets
 from tests.runtime.conftest import make_llm
@@ -42,6 +42,7 @@ def count_calls(monkeypatch, module, name: str) -> list:
 def test_the_engine_runs_the_chosen_kernels(tiny_dir, monkeypatch, capsys, kernel):
     timings = FixedTimings(kernel)
     monkeypatch.setattr(cpu_kernels, "Timings", lambda: timings)
+    monkeypatch.setattr(model_runner, "eligible", lambda model: False)  # the whole-step C loop calls them unseen (test_cpu_step)
     llm = make_llm(tiny_dir, max_num_seqs=8, max_num_batched_tokens=64)
     err = capsys.readouterr().err
     gemm, attention = count_calls(monkeypatch, linear_cpu, "unchecked"), count_calls(monkeypatch, paged_attention_cpu, "unchecked")

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from compress.kernels import decode_step_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.kernels import decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
 from compress.runtime import SamplingParams, cpu_kernels
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_step import DecodeStep, eligible
@@ -12,7 +12,8 @@ from tests.runtime.conftest import make_llm
 from tests.runtime.test_cpu_kernels import FixedTimings
 
 needs_kernels = pytest.mark.skipif(
-    None in (decode_step_cpu.load(), nibble_linear_cpu.load(), paged_attention_cpu.load(), rms_norm_cpu.load(), rope_cpu.load()),
+    None in (decode_step_cpu.load(), linear_cpu.load(), nibble_linear_cpu.load(), paged_attention_cpu.load(), rms_norm_cpu.load(),
+             rope_cpu.load()),
     reason="no C compiler builds the kernels here")
 
 
@@ -30,11 +31,11 @@ def prefill(runner, prompts: list[list[int]], tables: list[list[int]]) -> None:
 
 
 @needs_kernels
-@pytest.mark.parametrize("int8_activations", [False, True])
-def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_int4_dir, monkeypatch, int8_activations):
-    if int8_activations and nibble_q8_cpu.load() is None:
+@pytest.mark.parametrize("kind", ["int4", "int4 int8 activations", "fp32"])
+def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_dir, tiny_int4_dir, monkeypatch, kind):
+    if kind == "int4 int8 activations" and nibble_q8_cpu.load() is None:
         pytest.skip("no int8-activation kernel here")
-    llm = engine(tiny_int4_dir, monkeypatch, cpu_int8_activations=int8_activations)
+    llm = engine(tiny_dir if kind == "fp32" else tiny_int4_dir, monkeypatch, cpu_int8_activations="int8" in kind)
     runner = llm.runner
     assert isinstance(runner.decode_step, DecodeStep)
     prompts, tables = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 40))], [[3], [1, 7]]  # 7 and 20 tokens: one sequence over two blocks
@@ -54,8 +55,9 @@ def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_int4
 
 
 @needs_kernels
-def test_the_engine_takes_it_for_decode_steps_only_and_generates_the_same_tokens(tiny_int4_dir, monkeypatch):
-    llm = engine(tiny_int4_dir, monkeypatch)
+@pytest.mark.parametrize("kind", ["int4", "fp32"])
+def test_the_engine_takes_it_for_decode_steps_only_and_generates_the_same_tokens(tiny_dir, tiny_int4_dir, monkeypatch, kind):
+    llm = engine(tiny_dir if kind == "fp32" else tiny_int4_dir, monkeypatch)
     calls, real = [], DecodeStep.__call__
     monkeypatch.setattr(DecodeStep, "__call__", lambda self, ids, meta: calls.append(ids.shape[1]) or real(self, ids, meta))
     params = SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
@@ -81,8 +83,13 @@ def test_not_taken_where_an_op_chose_torch(tiny_int4_dir, monkeypatch):
 
 @needs_kernels
 def test_models_it_does_not_run(tiny_dir, tiny_int4_dir, monkeypatch):
-    assert engine(tiny_dir, monkeypatch).runner.decode_step is None  # fp32 Linears
     assert engine(tiny_int4_dir, monkeypatch, kernel=TORCH).runner.decode_step is not None  # eligible; plans decide per step
     llm = engine(tiny_int4_dir, monkeypatch)
     llm.runner.model.model.layers[1].mlp.down_proj.bias = torch.nn.Parameter(torch.zeros(64), requires_grad=False)
     assert not eligible(llm.runner.model)
+    fp32 = engine(tiny_dir, monkeypatch).runner.model
+    assert eligible(fp32)
+    fp32.model.layers[0].self_attn.o_proj = llm.runner.model.model.layers[0].self_attn.o_proj  # an int4 Linear among fp32 ones
+    assert not eligible(fp32)
+    monkeypatch.setattr(decode_step_cpu, "load", lambda: None)
+    assert not eligible(engine(tiny_int4_dir, monkeypatch).runner.model)  # no compiler: the module path
