@@ -92,13 +92,17 @@ def quantize(model, method, bits, group_size, symmetric, fmt, rounding, calib_da
 @click.option("--hidden-weight", type=float, default=0.0, show_default=True, help="projected hidden-state loss weight")
 @click.option("--eval-every", type=int, default=25, show_default=True, help="steps between held-out ppl checks")
 @click.option("--save-every", type=int, default=25, show_default=True, help="steps between resumable checkpoints")
+@click.option("--eval-rows", type=int, default=16, show_default=True, help="held-out rows of --seq-len tokens (never "
+              "trained on) for the perplexity checks")
 @click.option("--resume", is_flag=True, help="continue an interrupted distillation into the same -o")
+@click.option("--fsdp", is_flag=True, help="across processes, shard both models and the optimizer state (FSDP) instead "
+              "of a whole copy in each (DDP); an accelerate FSDP launch implies it")
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option("-o", "--output", required=True, help="output directory (a plain HF checkpoint)")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 def prune_distill(model, target_params, hidden_size, intermediate_size, num_heads, num_kv_heads, num_layers, importance,
                   calib_samples, calib_seq_len, no_distill, tokens, data, seq_len, batch_size, grad_accum, lr,
-                  temperature, hidden_weight, eval_every, save_every, resume, seed, output, force):
+                  temperature, hidden_weight, eval_every, save_every, eval_rows, resume, fsdp, seed, output, force):
     """Prune MODEL (Minitron: width and depth by activation importance) and repair it by distillation."""
     from compress.prune.config import DistillConfig, PruneConfig, parse_count
     from compress.commands.prune_distill import run_prune_distill
@@ -107,8 +111,8 @@ def prune_distill(model, target_params, hidden_size, intermediate_size, num_head
                        importance, calib_samples=calib_samples, calib_seq_len=calib_seq_len, seed=seed)
     dcfg = None if no_distill else DistillConfig(
         parse_count(tokens), seq_len, batch_size, grad_accum, lr, temperature=temperature, hidden_weight=hidden_weight,
-        eval_every=eval_every, save_every=save_every, data=data, seed=seed)
-    run_prune_distill(model, pcfg, dcfg, output, force, resume)
+        eval_every=eval_every, save_every=save_every, eval_rows=eval_rows, data=data, seed=seed)
+    run_prune_distill(model, pcfg, dcfg, output, force, resume, fsdp)
 
 
 @cli.command("eval")

@@ -44,10 +44,31 @@ def check_launch(verb: str) -> None:
         raise UserError(f"`accelerate launch --cpu --num_processes N` starts a single process; {CPU_LAUNCH}")
     if verb != "prune-distill":
         one_process(f"compress {verb}")
-    sharded = [name for name in ("FSDP", "DEEPSPEED") if os.environ.get(f"ACCELERATE_USE_{name}", "").lower() == "true"]
-    if sharded:  # its sharded weights and optimizer state would need other checkpoints than ours
-        raise UserError(f"prune-distill runs data-parallel (DDP), not {sharded[0]}: launch without the "
-                        f"{sharded[0].lower()} settings (docs/prune.md, Several processes)")
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED", "").lower() == "true":  # ZeRO would need DeepSpeed's checkpoints
+        raise UserError("prune-distill runs data-parallel (DDP) or sharded with FSDP, not DeepSpeed: launch without "
+                        "the deepspeed settings (docs/prune.md, Several processes)")
+    if fsdp_launch():
+        for name, what in FSDP_NOT_DONE.items():
+            if os.environ.get(name, "").lower() == "true":
+                raise UserError(f"prune-distill's FSDP does not do {what}: set {name.lower()} to false in the "
+                                f"accelerate config (docs/prune.md, Several processes)")
+
+
+FSDP_NOT_DONE = {"FSDP_OFFLOAD_PARAMS": "CPU offload", "FSDP_ACTIVATION_CHECKPOINTING": "activation checkpointing"}
+
+
+def fsdp_launch() -> bool:
+    """Whether accelerate was told to use FSDP (`accelerate launch --use_fsdp`, or `distributed_type: FSDP` in its
+    config file)."""
+    return os.environ.get("ACCELERATE_USE_FSDP", "").lower() == "true"
+
+
+def claim_fsdp(requested: bool) -> bool:
+    """Whether to shard: --fsdp or an FSDP launch. compress shards the models itself (prune/sharding.py), so
+    accelerate's own FSDP wrapping is switched off in this process."""
+    launched = fsdp_launch()
+    os.environ.pop("ACCELERATE_USE_FSDP", None)
+    return requested or launched
 
 
 @contextmanager

@@ -107,20 +107,21 @@ def model_and_text(tmp_path, smollm2_dir) -> tuple[Path, Path]:
     return model, text
 
 
-def launch_command(processes: int, *args: str) -> tuple[list[str], dict[str, str]]:
-    """(argv, env) of `accelerate launch --multi_gpu --num_processes N ARGS`: gloo on CPU without CUDA, one thread a
-    process, a free port."""
+def launch_command(processes: int, *args: str, fsdp: bool = False) -> tuple[list[str], dict[str, str]]:
+    """(argv, env) of `accelerate launch --multi_gpu --num_processes N ARGS` (fsdp: `--use_fsdp --fsdp_version 2`):
+    gloo on CPU without CUDA, one thread a process, a free port."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(processes),
+    mode = ["--use_fsdp", "--fsdp_version", "2"] if fsdp else ["--multi_gpu"]
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", *mode, "--num_processes", str(processes),
            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port", str(port),
            *args]
     return cmd, {**os.environ, "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
-def launch(processes: int, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    cmd, env = launch_command(processes, *args)
+def launch(processes: int, *args: str, timeout: int = 600, fsdp: bool = False) -> subprocess.CompletedProcess:
+    cmd, env = launch_command(processes, *args, fsdp=fsdp)
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)

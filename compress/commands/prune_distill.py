@@ -51,12 +51,13 @@ def importance(teacher, pcfg: PruneConfig, tokenizer) -> Importance:
     return activation_importance(teacher, calibration_tokens(tokenizer, pcfg))
 
 
-def check_memory(cfg: ModelConfig, shape: Shape, pcfg: PruneConfig, dcfg: DistillConfig | None) -> None:
+def check_memory(cfg: ModelConfig, shape: Shape, pcfg: PruneConfig, dcfg: DistillConfig | None, fsdp: bool) -> None:
     """Refuse, before anything is loaded, a run that cannot fit where it runs (the distillation on
     the GPU when there is one, one GPU a process; pruning alone, and everything without a GPU, in
     host memory, which the processes on this machine share)."""
     cuda = dcfg is not None and torch.cuda.is_available()
-    est = memory.estimate(cfg, shape, dcfg, pcfg, TEACHER_DTYPE.itemsize, autocast=cuda, processes=world.size())
+    est = memory.estimate(cfg, shape, dcfg, pcfg, TEACHER_DTYPE.itemsize, autocast=cuda, processes=world.size(),
+                          sharded=fsdp and world.size() > 1, on_host=not cuda)
     available, where = ((torch.cuda.mem_get_info()[0], "the GPU has") if cuda
                         else (psutil.virtual_memory().available, "this machine has"))
     copies = 1 if cuda else world.local_size()
@@ -78,13 +79,13 @@ def distill_rows(tokenizer, dcfg: DistillConfig) -> tuple[torch.Tensor, torch.Te
 
 
 def run_prune_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None, output: str, force: bool = False,
-                      resume: bool = False) -> Path:
+                      resume: bool = False, fsdp: bool = False) -> Path:
     with world.main_speaks():
-        return prune_and_distill(model, pcfg, dcfg, output, force, resume)
+        return prune_and_distill(model, pcfg, dcfg, output, force, resume, world.claim_fsdp(fsdp))
 
 
 def prune_and_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None, output: str, force: bool,
-                      resume: bool) -> Path:
+                      resume: bool, fsdp: bool) -> Path:
     outdir.check_target(output, force)  # an empty or unwritable -o fails before any work
     if dcfg is None:
         world.one_process("--no-distill")
@@ -96,7 +97,7 @@ def prune_and_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None,
         raise UserError(f"{model} is quantized; prune the unquantized checkpoint, then quantize the result")
     cfg = ModelConfig.from_hf(read_config(src))
     shape = choose_shape(cfg, pcfg)
-    check_memory(cfg, shape, pcfg, dcfg)
+    check_memory(cfg, shape, pcfg, dcfg, fsdp)
     tokenizer = models.load_tokenizer(src)
     rows = distill_rows(tokenizer, dcfg) if dcfg is not None else None  # bad data fails before the slow part
     teacher = models.load_model(src, TEACHER_DTYPE)
@@ -116,11 +117,11 @@ def prune_and_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None,
         if world.is_main():
             ckpt.mkdir(parents=True, exist_ok=True)
             (ckpt / "keep.json").write_text(json.dumps(keep.to_json()))
-        distiller = Distiller(teacher, student, *rows, dcfg, ckpt / "state")
+        distiller = Distiller(teacher, student, *rows, dcfg, ckpt / "state", fsdp)
         if resume:
             distiller.load()
         curve = distiller.run()
-        student = distiller.model.decoder.float().cpu()
+        student = distiller.trained_decoder()
         distiller.accelerator.end_training()
     if not world.is_main():
         return out  # the main process writes OUT

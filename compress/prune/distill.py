@@ -11,6 +11,9 @@ averaged, so a step means the same data and tokens whatever N is. Everything tha
 step is in the checkpoint (weights, optimizer, scheduler, step; the data order is a seeded
 permutation) and none of it depends on N: a resumed run continues with identical state, also with
 another number of processes. Only the main process writes checkpoints and shows progress.
+
+Sharded (FSDP, ``sharding.py``) the math is the same; the student's weights, gradients and optimizer
+state and the teacher's weights are split over the processes, and checkpoints gather whole tensors.
 """
 
 import json
@@ -31,7 +34,8 @@ from tqdm import tqdm
 from compress import world
 from compress.errors import UserError
 from compress.model.decoder import Decoder
-from compress.model.load import state_for_saving
+from compress.model.load import build, load_weights
+from compress.prune import sharding
 from compress.prune.config import DistillConfig
 from compress.prune.stop import StopRequest
 
@@ -79,11 +83,38 @@ class Student(nn.Module):
         return self.decoder.lm_head(hidden), None if self.proj is None else self.proj(hidden)
 
 
+class Teacher(nn.Module):
+    """The frozen teacher as one module whose forward gives what the loss needs (FSDP gathers its outer weights
+    around a module's forward)."""
+
+    def __init__(self, decoder: Decoder):
+        super().__init__()
+        self.decoder = decoder.eval().requires_grad_(False)
+
+    def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Final hidden states [B, T, Ct] and logits [B, T, V]."""
+        hidden = self.decoder.hidden(ids)
+        return hidden, self.decoder.lm_head(hidden)
+
+
+def split_state(weights: dict[str, torch.Tensor], tied: bool) -> tuple[dict, dict]:
+    """A Student's state by parameter name -> the decoder's (without a tied lm_head) and the projection's."""
+    parts = [{k.removeprefix(p): v.detach().contiguous() for k, v in weights.items() if k.startswith(p)}
+             for p in ("decoder.", "proj.")]
+    if tied:
+        parts[0].pop("lm_head.weight", None)
+    return parts[0], parts[1]
+
+
+CHECKPOINT_FORMAT = 2  # 2: optimizer state keyed by parameter name (1: by position)
+
+
 class Distiller:
-    """One distillation run; `run()` trains to the budget, saving to ckpt_dir every save_every steps."""
+    """One distillation run; `run()` trains to the budget, saving to ckpt_dir every save_every steps. fsdp: shard
+    the models over the processes (when there are several)."""
 
     def __init__(self, teacher: Decoder, student: Decoder, train: torch.Tensor, held_out: torch.Tensor,
-                 cfg: DistillConfig, ckpt_dir: Path):
+                 cfg: DistillConfig, ckpt_dir: Path, fsdp: bool = False):
         from accelerate import Accelerator
         from accelerate.utils import DataLoaderConfiguration
 
@@ -96,16 +127,30 @@ class Distiller:
         if self.accelerator.num_processes != world.size():  # N unconnected copies would each train alone
             raise UserError(f"launched as {world.size()} processes but accelerate set up "
                             f"{self.accelerator.num_processes}; {world.CPU_LAUNCH}")
-        cfg.check_processes(self.accelerator.num_processes)
-        self.teacher = teacher.eval().requires_grad_(False).to(self.accelerator.device)
+        n, device = self.accelerator.num_processes, self.accelerator.device
+        cfg.check_processes(n)
+        self.sharded = fsdp and n > 1
+        if self.sharded and len(held_out) % n:  # every process must run as many sharded forwards
+            raise UserError(f"--eval-rows {len(held_out)} does not split over {n} processes under FSDP; "
+                            f"use a multiple of {n}")
+        self.teacher = Teacher(teacher)
         torch.manual_seed(cfg.seed)  # the projection's initial weights, the same in every process and run
         proj = nn.Linear(student.cfg.hidden_size, teacher.cfg.hidden_size, bias=False) if cfg.hidden_weight else None
         model = Student(student.train().requires_grad_(True), proj)
-        self.optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_lambda(cfg))
-        self.student, self.optimizer, self.scheduler = self.accelerator.prepare(model, self.optimizer, self.scheduler)
+        if self.sharded:  # before the optimizer is made: sharding replaces the parameters
+            sharding.shard(self.teacher, teacher, device)
+            sharding.shard(model, student, device)
+        else:
+            self.teacher.to(device)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(cfg))
+        if self.sharded:
+            self.student = model
+            self.optimizer, self.scheduler = self.accelerator.prepare(optimizer, scheduler)
+        else:
+            self.student, self.optimizer, self.scheduler = self.accelerator.prepare(model, optimizer, scheduler)
         self.train_rows = train
-        self.held_out = held_out.tensor_split(self.accelerator.num_processes)[self.accelerator.process_index]
+        self.held_out = held_out.tensor_split(n)[self.accelerator.process_index]
         self.held_out = self.held_out.to(self.accelerator.device)
         self.order = torch.randperm(len(train), generator=torch.Generator().manual_seed(cfg.seed))
         self.step, self.curve = 0, []  # curve: {"step", "tokens", "kd_loss", "held_out_ppl"?}
@@ -125,8 +170,7 @@ class Distiller:
 
     def loss(self, ids: torch.Tensor) -> torch.Tensor:
         with torch.no_grad(), self.accelerator.autocast():
-            t_hidden = self.teacher.hidden(ids)  # [B, T, Ct]
-            t_logits = self.teacher.lm_head(t_hidden)
+            t_hidden, t_logits = self.teacher(ids)  # [B, T, Ct], [B, T, V]
         with self.accelerator.autocast():
             s_logits, projected = self.student(ids)  # [B, T, V], [B, T, Ct] or None
             loss = kd_loss(s_logits.flatten(0, 1), t_logits.flatten(0, 1), self.cfg.temperature)
@@ -189,12 +233,25 @@ class Distiller:
         bar.close()
         return self.curve
 
+    def trained_decoder(self) -> Decoder | None:
+        """The student as one fp32 Decoder on the CPU of the main process (None in the others; sharded, every
+        process calls it)."""
+        if not self.sharded:
+            return self.model.decoder.float().cpu()
+        weights = sharding.model_state(self.model, sharded=True)
+        if not self.accelerator.is_main_process:
+            return None
+        decoder, _ = split_state(weights, self.model.decoder.cfg.tie_word_embeddings)
+        return load_weights(build(self.model.decoder.cfg), {k: v.float() for k, v in decoder.items()})
+
     def save(self) -> None:
         """The main process writes the checkpoint next to the old one and swaps it in, so a kill mid-save loses
-        nothing; the others wait for it."""
+        nothing; the others wait for it (sharded, they first send it their shards)."""
+        weights = sharding.model_state(self.model, self.sharded)
+        optim = sharding.optimizer_state(self.model, self.optimizer.optimizer, self.sharded)
         if self.accelerator.is_main_process:
             tmp, old = (self.ckpt_dir.with_name(self.ckpt_dir.name + suffix) for suffix in (".tmp", ".old"))
-            self.write(tmp)
+            self.write(tmp, weights, optim)
             if self.ckpt_dir.exists():
                 self.ckpt_dir.rename(old)
             tmp.rename(self.ckpt_dir)
@@ -202,32 +259,38 @@ class Distiller:
                 shutil.rmtree(old)
         self.accelerator.wait_for_everyone()
 
-    def write(self, tmp: Path) -> None:
+    def write(self, tmp: Path, weights: dict[str, torch.Tensor], optim: dict) -> None:
         tmp.mkdir(parents=True, exist_ok=True)
-        save_file(state_for_saving(self.model.decoder), str(tmp / "student.safetensors"))
-        if self.model.proj is not None:
-            save_file(self.model.proj.state_dict(), str(tmp / "proj.safetensors"))
-        torch.save({"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}, tmp / "optim.pt")
-        state = {"step": self.step, "curve": self.curve, "config": asdict(self.cfg),
+        decoder, proj = split_state(weights, self.model.decoder.cfg.tie_word_embeddings)
+        save_file(decoder, str(tmp / "student.safetensors"))
+        if proj:
+            save_file(proj, str(tmp / "proj.safetensors"))
+        torch.save(optim, tmp / "optim.pt")
+        torch.save(self.scheduler.state_dict(), tmp / "scheduler.pt")
+        state = {"format": CHECKPOINT_FORMAT, "step": self.step, "curve": self.curve, "config": asdict(self.cfg),
                  "processes": self.accelerator.num_processes}
         (tmp / "state.json").write_text(json.dumps(state))
 
     def load(self) -> None:
         """Continue from ckpt_dir (weights, optimizer, scheduler, step, curve); the config must match, the number of
-        processes need not (nothing in the state depends on it)."""
+        processes need not (nothing in the state depends on it), nor whether it was sharded."""
         state_path = self.ckpt_dir / "state.json"
         if not state_path.is_file():
             raise UserError(f"--resume: no distillation checkpoint at {self.ckpt_dir}")
         state = json.loads(state_path.read_text())
+        if state.get("format") != CHECKPOINT_FORMAT:
+            raise UserError(f"--resume: the checkpoint at {self.ckpt_dir} was written by an older compress; "
+                            f"start again without --resume")
         if state["config"] != asdict(self.cfg):
             raise UserError(f"--resume: the checkpoint at {self.ckpt_dir} was made with other distillation settings")
-        tensors = load_file(str(self.ckpt_dir / "student.safetensors"))
-        if self.model.decoder.cfg.tie_word_embeddings:
-            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"]
-        self.model.decoder.load_state_dict(tensors)
-        if self.model.proj is not None:
-            self.model.proj.load_state_dict(load_file(str(self.ckpt_dir / "proj.safetensors")))
-        optim = torch.load(self.ckpt_dir / "optim.pt", weights_only=True)
-        self.optimizer.load_state_dict(optim["optimizer"])
-        self.scheduler.load_state_dict(optim["scheduler"])
+        weights, optim = {}, {}
+        if self.accelerator.is_main_process or not self.sharded:  # sharded, the main process reads and scatters
+            weights = {f"decoder.{k}": v for k, v in load_file(str(self.ckpt_dir / "student.safetensors")).items()}
+            if self.model.decoder.cfg.tie_word_embeddings:
+                weights["decoder.lm_head.weight"] = weights["decoder.model.embed_tokens.weight"]
+            if self.model.proj is not None:
+                weights |= {f"proj.{k}": v for k, v in load_file(str(self.ckpt_dir / "proj.safetensors")).items()}
+            optim = torch.load(self.ckpt_dir / "optim.pt", weights_only=True)
+        sharding.load_states(self.model, self.optimizer.optimizer, weights, optim, self.sharded)
+        self.scheduler.load_state_dict(torch.load(self.ckpt_dir / "scheduler.pt", weights_only=True))
         self.step, self.curve = state["step"], state["curve"]

@@ -20,6 +20,13 @@ Checked on CPU (fp32; the growth of peak RSS over one training step of random mo
 numbers follow the same count and have not been measured.
 
 Without distillation (`--no-distill`) it is the two models and one no-grad calibration batch.
+
+Sharded (FSDP, prune/sharding.py) over N processes: the teacher's weights and the student's 16 bytes a
+parameter are split N ways; the bf16 copies autocast keeps are not (it caches a cast of each whole weight
+as it is used); gathered at a time, whole: both models' outer unit (embedding, lm_head, final norm; the
+root unit stays gathered for the step) and two student blocks (the one running and the one prefetched)
+with their gradients, two teacher blocks. Every process first loads the whole teacher and builds the
+whole student in fp32 on the host before sharding them: on the host that load is the peak when larger.
 """
 
 from dataclasses import dataclass
@@ -43,45 +50,60 @@ class MemoryEstimate:
     teacher_params: int
     teacher_bytes: int  # per parameter
     student_params: int
-    student_bytes: int  # per parameter (16 trained, + 2 under autocast; 4 when only pruned)
+    student_bytes: float  # per parameter (16 trained, + 2 under autocast; 4 when only pruned; 16/N + 2 sharded)
     activations: int
     logits: int
     tokens: int  # per micro-batch
     training: bool
     ddp: bool = False  # several processes: DDP's gradient buckets are in student_bytes
+    shards: int = 1  # FSDP: the teacher and the student's trained bytes are split this many ways
+    gathered: int = 0  # FSDP: the units gathered whole at a time
+    loading: int = 0  # FSDP on the host: both whole models, before they are split
 
     @property
     def teacher(self) -> int:
-        return self.teacher_params * self.teacher_bytes
+        return self.teacher_params * self.teacher_bytes // self.shards
 
     @property
     def student(self) -> int:
-        return self.student_params * self.student_bytes
+        return int(self.student_params * self.student_bytes)
+
+    @property
+    def training_total(self) -> int:
+        return self.teacher + self.student + self.activations + self.logits + self.gathered
 
     @property
     def total(self) -> int:
-        return self.teacher + self.student + self.activations + self.logits
+        return max(self.training_total, self.loading)
 
     def describe(self) -> str:
         """One line: 'teacher 29.9 GiB fp32, student 67.2 GiB (4.51B x 16 bytes: fp32 weights, grads, AdamW), ...'."""
         dtype = {4: "fp32", 2: "bf16", 1: "fp8"}.get(self.teacher_bytes, f"{self.teacher_bytes} bytes")
-        autocast = self.student_bytes - (DDP_BUCKETS if self.ddp else 0) > ADAMW_FP32
-        held = ("fp32 weights, grads, AdamW" + (", bf16 copy" if autocast else "") + (", DDP buckets" if self.ddp else "")
+        autocast = self.student_bytes - (DDP_BUCKETS if self.ddp else 0) > ADAMW_FP32 / self.shards
+        held = ("fp32 weights, grads, AdamW" + (f" split {self.shards} ways" if self.shards > 1 else "")
+                + (", bf16 copy" if autocast else "") + (", DDP buckets" if self.ddp else "")
                 if self.training else "fp32 weights")
-        return (f"teacher {size(self.teacher)} {dtype}, student {size(self.student)} "
-                f"({self.student_params / 1e9:.2f}B x {self.student_bytes} bytes: {held}), "
+        split = f" (1/{self.shards})" if self.shards > 1 else ""
+        text = (f"teacher {size(self.teacher)} {dtype}{split}, student {size(self.student)} "
+                f"({self.student_params / 1e9:.2f}B x {self.student_bytes:g} bytes: {held}), "
                 f"activations {size(self.activations)}, logits {size(self.logits)} "
                 f"({self.tokens:,} tokens a micro-batch)")
+        if self.shards > 1:
+            text += f", gathered {size(self.gathered)}"
+        if self.loading > self.training_total:
+            text += f"; loading the whole models before sharding {size(self.loading)}"
+        return text
 
     def table(self) -> str:
         """The same numbers as a markdown table (docs/prune.md has the one for Llama-3-8B)."""
-        rows = [("teacher", self.teacher_params, self.teacher_bytes, self.teacher),
+        rows = [("teacher", self.teacher_params, self.teacher_bytes / self.shards, self.teacher),
                 ("student", self.student_params, self.student_bytes, self.student),
-                ("activations", None, None, self.activations), ("logits", None, None, self.logits),
-                ("total", None, None, self.total)]
+                ("activations", None, None, self.activations), ("logits", None, None, self.logits)]
+        rows += [("gathered", None, None, self.gathered)] if self.shards > 1 else []
+        rows += [("total", None, None, self.total)]
         lines = ["| | parameters | bytes each | GiB |", "|---|---:|---:|---:|"]
         for name, n, each, size in rows:
-            lines.append(f"| {name} | {f'{n / 1e9:.2f}B' if n else ''} | {each or ''} | {gib(size)} |")
+            lines.append(f"| {name} | {f'{n / 1e9:.2f}B' if n else ''} | {f'{each:g}' if each else ''} | {gib(size)} |")
         return "\n".join(lines)
 
 
@@ -122,11 +144,26 @@ def per_token_layer(cfg: ModelConfig, shape: Shape, autocast: bool) -> int:
     return norms + linear_inputs + attention + mlp
 
 
+def outer_params(cfg: ModelConfig, shape: Shape) -> int:
+    """Parameters outside the blocks: embedding, lm_head unless tied, final norm."""
+    return cfg.vocab_size * shape.hidden_size * (1 if cfg.tie_word_embeddings else 2) + shape.hidden_size
+
+
+def gathered_bytes(cfg: ModelConfig, shape: Shape, teacher_bytes: int) -> int:
+    """FSDP's whole units at a time: both models' outer units and two blocks of each (the student's with grads)."""
+    full = Shape.of(cfg)
+    block = (param_count(cfg, shape) - outer_params(cfg, shape)) // shape.num_layers
+    teacher_block = (param_count(cfg, full) - outer_params(cfg, full)) // full.num_layers
+    return 8 * (outer_params(cfg, shape) + 2 * block) + teacher_bytes * (outer_params(cfg, full) + 2 * teacher_block)
+
+
 def estimate(cfg: ModelConfig, shape: Shape, dcfg: DistillConfig | None, pcfg: PruneConfig,
-             teacher_bytes: int = 4, autocast: bool = False, processes: int = 1) -> MemoryEstimate:
+             teacher_bytes: int = 4, autocast: bool = False, processes: int = 1, sharded: bool = False,
+             on_host: bool = True) -> MemoryEstimate:
     """Memory of one process of prune-distill from the teacher's config, the student's shape and the run's
     settings; across `processes` (DDP) each holds both models, its slice of the micro-batch and DDP's
-    gradient buckets (a second fp32 copy of the gradients)."""
+    gradient buckets (a second fp32 copy of the gradients); sharded (FSDP), 1/processes of the models and
+    what is gathered whole; on_host: the process runs where it loads the models (no GPU)."""
     teacher_params, student_params = param_count(cfg, Shape.of(cfg)), param_count(cfg, shape)
     V = cfg.vocab_size
     if dcfg is None:  # prune only: both models in fp32 and one no-grad calibration batch
@@ -140,6 +177,11 @@ def estimate(cfg: ModelConfig, shape: Shape, dcfg: DistillConfig | None, pcfg: P
     act = 2 if autocast else 4
     activations = tokens * (shape.num_layers + 1) * per_token_layer(cfg, shape, autocast)
     logits = tokens * V * (LOGIT_COPIES * 4 + 2 * act)
+    if sharded:
+        loading = (teacher_params + student_params) * 4 if on_host else 0
+        return MemoryEstimate(teacher_params, teacher_bytes, student_params, ADAMW_FP32 / processes + (2 if autocast else 0),
+                              activations, logits, tokens, training=True, shards=processes,
+                              gathered=gathered_bytes(cfg, shape, teacher_bytes), loading=loading)
     per_param = ADAMW_FP32 + (2 if autocast else 0) + (DDP_BUCKETS if processes > 1 else 0)
     return MemoryEstimate(teacher_params, teacher_bytes, student_params, per_param, activations, logits, tokens,
                           training=True, ddp=processes > 1)

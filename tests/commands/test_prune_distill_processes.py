@@ -1,5 +1,5 @@
-"""`compress prune-distill` across processes (`accelerate launch`, DDP over gloo on CPU): the same run as one
-process, OUT written once, Ctrl-C stops every process with a checkpoint, bad launches are one line."""
+"""`compress prune-distill` across processes (`accelerate launch`, DDP or FSDP over gloo on CPU): the same run as
+one process, OUT written once, Ctrl-C stops every process with a checkpoint, bad launches are one line."""
 
 import os
 import signal
@@ -16,14 +16,16 @@ from tests.commands.test_prune_distill import SMALL
 ARGS = [*SMALL, "--importance", "magnitude", "--eval-every", "4"]
 
 
-def test_two_processes_train_as_one(model_and_text, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_two_processes_train_as_one(model_and_text, tmp_path, fsdp):
     model, text = model_and_text
     one = run("prune-distill", str(model), *ARGS, "--tokens", "512", "--data", str(text), "-o", str(tmp_path / "one"))
     assert one.returncode == 0, one.stderr
     two = launch(2, "-m", "compress.cli", "prune-distill", str(model), *ARGS, "--tokens", "512", "--data", str(text),
-                 "-o", str(tmp_path / "two"))
+                 "-o", str(tmp_path / "two"), fsdp=fsdp)
     assert two.returncode == 0, two.stderr[-3000:]
     assert two.stdout.count("pruned ") == 1 and two.stdout.count("memory: ") == 1  # only the main process speaks
+    assert ("AdamW split 2 ways" in two.stdout) == fsdp and ("DDP buckets" in two.stdout) != fsdp
     assert two.stderr.count("distill:   0%|          | 0/16 [00:00<?, ?step/s]") == 1  # and shows progress
     a, b = (load_file(tmp_path / name / "model.safetensors") for name in ("one", "two"))
     assert a.keys() == b.keys() and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
@@ -77,7 +79,18 @@ def test_launches_that_would_not_do_what_was_asked_are_one_line(model_and_text, 
                           "compress quantize runs in one process")
     assert_one_line_error(run("prune-distill", str(model), "--hidden-size", "48", "--no-distill", "-o",
                               str(tmp_path / "p"), env=copies), "--no-distill runs in one process")
-    fsdp = {**copies, "ACCELERATE_USE_FSDP": "true"}
-    assert_one_line_error(run("prune-distill", str(model), "--hidden-size", "48", "-o", str(tmp_path / "f"), env=fsdp),
-                          "runs data-parallel (DDP), not FSDP")
-    assert not any(tmp_path.glob("[opqf]"))
+    deepspeed = {**copies, "ACCELERATE_USE_DEEPSPEED": "true"}
+    assert_one_line_error(run("prune-distill", str(model), "--hidden-size", "48", "-o", str(tmp_path / "d"),
+                              env=deepspeed), "sharded with FSDP, not DeepSpeed")
+    offload = {**copies, "ACCELERATE_USE_FSDP": "true", "FSDP_OFFLOAD_PARAMS": "true"}
+    assert_one_line_error(run("prune-distill", str(model), "--hidden-size", "48", "-o", str(tmp_path / "f"),
+                              env=offload), "FSDP does not do CPU offload", "fsdp_offload_params to false")
+    assert not any(tmp_path.glob("[opqfd]"))
+
+
+def test_held_out_rows_that_do_not_split_under_fsdp_are_one_line(model_and_text, tmp_path):
+    model, text = model_and_text
+    res = launch(2, "-m", "compress.cli", "prune-distill", str(model), *ARGS, "--eval-rows", "3", "--tokens", "512",
+                 "--data", str(text), "-o", str(tmp_path / "out"), fsdp=True)
+    assert res.returncode != 0 and not (tmp_path / "out").exists()
+    assert res.stderr.count("error: --eval-rows 3 does not split over 2 processes under FSDP") == 1

@@ -1,6 +1,6 @@
-"""Run under `accelerate launch`: distill the tiny student of tests/prune for --steps steps from --ckpt
-(resuming when it holds a checkpoint); the main process writes the student's weights and the curve to OUT, every
-process the rows it trained on (rows-RANK.pt)."""
+"""Run under `accelerate launch`: distill the tiny student of tests/prune for STEPS steps from CKPT
+(resuming when it holds a checkpoint), sharded when FSDP is "fsdp"; then save the final checkpoint to CKPT; the
+main process writes the student's weights and the curve to OUT, every process the rows it trained on (rows-RANK.pt)."""
 
 import json
 import sys
@@ -15,11 +15,13 @@ from compress.model.load import load_decoder  # noqa: E402
 from tests.prune.test_distill import cfg, data, student_of  # noqa: E402
 
 
-def main(teacher_dir: str, ckpt: str, out: str, steps: str) -> None:
+def main(teacher_dir: str, ckpt: str, out: str, steps: str, fsdp: str) -> None:
+    from compress.prune import sharding
     from compress.prune.distill import Distiller
 
     teacher = load_decoder(Path(teacher_dir))
-    d = Distiller(teacher, student_of(teacher), data(), data(8), cfg(int(steps), grad_accum=2), Path(ckpt))
+    d = Distiller(teacher, student_of(teacher), data(), data(8), cfg(int(steps), grad_accum=2), Path(ckpt),
+                  fsdp=fsdp == "fsdp")
     if (Path(ckpt) / "state.json").is_file():
         d.load()
     rows, batch = {}, d.batch
@@ -29,9 +31,12 @@ def main(teacher_dir: str, ckpt: str, out: str, steps: str) -> None:
         return rows[micro]
     d.batch = recorded
     d.run()
+    weights = sharding.model_state(d.model, d.sharded)
+    d.save()
     if d.accelerator.is_main_process:
         Path(out).mkdir()
-        save_file(d.model.state_dict(), f"{out}/student.safetensors")
+        save_file({k: v.contiguous() for k, v in weights.items() if k != "decoder.lm_head.weight"},
+                  f"{out}/student.safetensors")
         (Path(out) / "curve.json").write_text(json.dumps(d.curve))
     d.accelerator.wait_for_everyone()
     torch.save(rows, f"{out}/rows-{d.accelerator.process_index}.pt")
