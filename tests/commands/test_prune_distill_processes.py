@@ -37,13 +37,14 @@ def test_two_processes_train_as_one(model_and_text, tmp_path, fsdp):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
-def test_ctrl_c_stops_every_process_with_a_checkpoint_that_one_process_resumes(model_and_text, tmp_path):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
+def test_ctrl_c_stops_every_process_with_a_checkpoint_that_one_process_resumes(model_and_text, tmp_path, fsdp):
     model, text = model_and_text
     out, log = tmp_path / "out", tmp_path / "stderr.txt"
     args = ["-m", "compress.cli", "prune-distill", str(model), *ARGS, "--save-every", "100000", "--tokens", "6400",
             "--data", str(text), "-o", str(out)]
     with open(log, "w") as err:
-        cmd, env = launch_command(2, *args)
+        cmd, env = launch_command(2, *args, fsdp=fsdp)
         proc = subprocess.Popen(cmd, env=env, stderr=err, stdout=subprocess.DEVNULL, start_new_session=True)
         deadline = time.time() + 300
         while "distill:" not in log.read_text() and time.time() < deadline:

@@ -35,8 +35,7 @@ def main(teacher_dir: str, ckpt: str, out: str, steps: str, fsdp: str) -> None:
     d.save()
     if d.accelerator.is_main_process:
         Path(out).mkdir()
-        save_file({k: v.contiguous() for k, v in weights.items() if k != "decoder.lm_head.weight"},
-                  f"{out}/student.safetensors")
+        save_file({k: v.contiguous() for k, v in weights.items()}, f"{out}/student.safetensors")  # untied: no sharing
         (Path(out) / "curve.json").write_text(json.dumps(d.curve))
     d.accelerator.wait_for_everyone()
     torch.save(rows, f"{out}/rows-{d.accelerator.process_index}.pt")
