@@ -22,6 +22,11 @@ def size() -> int:
     return int(os.environ.get("WORLD_SIZE", 1))
 
 
+def local_rank() -> int:
+    """This process's index on its machine (its GPU there)."""
+    return int(os.environ.get("LOCAL_RANK", 0))
+
+
 def local_size() -> int:
     """Processes on this machine (they share its memory)."""
     return int(os.environ.get("LOCAL_WORLD_SIZE", size()))

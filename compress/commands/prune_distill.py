@@ -58,9 +58,11 @@ def check_memory(cfg: ModelConfig, shape: Shape, pcfg: PruneConfig, dcfg: Distil
     cuda = dcfg is not None and torch.cuda.is_available()
     est = memory.estimate(cfg, shape, dcfg, pcfg, TEACHER_DTYPE.itemsize, autocast=cuda, processes=world.size(),
                           sharded=fsdp and world.size() > 1, on_host=not cuda)
-    available, where = ((torch.cuda.mem_get_info()[0], "the GPU has") if cuda
+    available, where = ((torch.cuda.mem_get_info(world.local_rank())[0], "the GPU has") if cuda
                         else (psutil.virtual_memory().available, "this machine has"))
     copies = 1 if cuda else world.local_size()
+    if cuda:
+        memory.check_loading(est, psutil.virtual_memory().available, world.local_size())
     memory.check(est, available, where, copies)
     print(f"memory: about {memory.size(est.total * copies)} needed ({memory.times(copies)}{est.describe()}); "
           f"{where} {memory.size(available)} available")

@@ -138,8 +138,8 @@ class Distiller:
         proj = nn.Linear(student.cfg.hidden_size, teacher.cfg.hidden_size, bias=False) if cfg.hidden_weight else None
         model = Student(student.train().requires_grad_(True), proj)
         if self.sharded:  # before the optimizer is made: sharding replaces the parameters
-            sharding.shard(self.teacher, teacher, device)
-            sharding.shard(model, student, device)
+            sharding.shard(self.teacher, teacher, device, trained=False)
+            sharding.shard(model, student, device, trained=True)
         else:
             self.teacher.to(device)
         optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=0.0)
@@ -290,7 +290,7 @@ class Distiller:
                 weights["decoder.lm_head.weight"] = weights["decoder.model.embed_tokens.weight"]
             if self.model.proj is not None:
                 weights |= {f"proj.{k}": v for k, v in load_file(str(self.ckpt_dir / "proj.safetensors")).items()}
-            optim = torch.load(self.ckpt_dir / "optim.pt", weights_only=True)
+            optim = torch.load(self.ckpt_dir / "optim.pt", weights_only=True, map_location="cpu")
         sharding.load_states(self.model, self.optimizer.optimizer, weights, optim, self.sharded)
-        self.scheduler.load_state_dict(torch.load(self.ckpt_dir / "scheduler.pt", weights_only=True))
+        self.scheduler.load_state_dict(torch.load(self.ckpt_dir / "scheduler.pt", weights_only=True, map_location="cpu"))
         self.step, self.curve = state["step"], state["curve"]

@@ -120,6 +120,17 @@ def check(est: MemoryEstimate, available: int, where: str, copies: int = 1) -> N
                     f"{where} {size(available)} available: {fix} (docs/prune.md, Memory)")
 
 
+def check_loading(est: MemoryEstimate, available: int, copies: int) -> None:
+    """One UserError line when the host cannot hold what `copies` processes load before a GPU run (each loads the
+    whole teacher and builds the whole student on the host, in fp32)."""
+    need = (est.teacher_params + est.student_params) * 4 * copies
+    if need > available:
+        raise UserError(f"prune-distill loads the whole teacher and student in fp32 on the host in every process "
+                        f"before moving them to the GPU: {times(copies)}{size(need // copies)}; this machine has "
+                        f"{size(available)} available: start fewer processes here or use a machine with more memory "
+                        f"(docs/prune.md, Memory)")
+
+
 def times(copies: int) -> str:
     return f"{copies} processes x " if copies > 1 else ""
 

@@ -23,17 +23,23 @@ GATHER = StateDictOptions(full_state_dict=True, cpu_offload=True)  # whole tenso
 SCATTER = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)  # the main process's whole tensors, split
 
 
-def shard(root: nn.Module, decoder: Decoder, device: torch.device) -> None:
-    """Split root's parameters (root holds decoder) over every process, in place: each block one unit, gathered
-    for its forward and backward and split again after; the embedding, final norm, lm_head (and whatever else
-    root holds) one unit, gathered for the whole step. Tied embeddings stay one parameter (both in that unit)."""
+def shard(root: nn.Module, decoder: Decoder, device: torch.device, trained: bool) -> None:
+    """Split root's parameters (root holds decoder) over every process, in place, onto ``device``: each block one
+    unit, gathered for its forward and backward and split again after; the embedding, final norm, lm_head (and
+    whatever else root holds) one unit, gathered for the whole step when ``trained``, else (a frozen model run
+    under no_grad) split again after each forward. Tied embeddings stay one parameter (both in that unit).
+    trained: every process then holds the main process's weights, as DDP makes it (a pruning that came out
+    differently elsewhere, e.g. on another machine's CPU, would otherwise mix two students)."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import fully_shard
 
+    whole = root.state_dict() if trained and dist.get_rank() == 0 else {}
     mesh = init_device_mesh(device.type, (dist.get_world_size(),))
     for block in decoder.model.layers:
         fully_shard(block, mesh=mesh)
-    fully_shard(root, mesh=mesh)
+    fully_shard(root, mesh=mesh, reshard_after_forward=not trained)
+    if trained:
+        set_model_state_dict(root, whole, options=SCATTER)
 
 
 def model_state(module: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:

@@ -38,11 +38,13 @@ def test_two_processes_train_as_one(model_and_text, tmp_path, fsdp):
 
 
 @pytest.mark.parametrize("fsdp", [False, True], ids=["ddp", "fsdp"])
-def test_ctrl_c_stops_every_process_with_a_checkpoint_that_one_process_resumes(model_and_text, tmp_path, fsdp):
+def test_ctrl_c_stops_every_process_with_a_checkpoint_that_resumes(model_and_text, tmp_path, fsdp):
+    """DDP: resumed in one process; FSDP (with the hidden-state projection, tied embeddings): resumed sharded."""
     model, text = model_and_text
     out, log = tmp_path / "out", tmp_path / "stderr.txt"
-    args = ["-m", "compress.cli", "prune-distill", str(model), *ARGS, "--save-every", "100000", "--tokens", "6400",
-            "--data", str(text), "-o", str(out)]
+    settings = [*ARGS, "--save-every", "100000", "--tokens", "6400", "--data", str(text), "-o", str(out)]
+    settings += ["--hidden-weight", "0.5"] if fsdp else []
+    args = ["-m", "compress.cli", "prune-distill", str(model), *settings]
     with open(log, "w") as err:
         cmd, env = launch_command(2, *args, fsdp=fsdp)
         proc = subprocess.Popen(cmd, env=env, stderr=err, stdout=subprocess.DEVNULL, start_new_session=True)
@@ -56,8 +58,7 @@ def test_ctrl_c_stops_every_process_with_a_checkpoint_that_one_process_resumes(m
     state = read_json(tmp_path / ".out.distill-ckpt" / "state" / "state.json")
     assert 0 < state["step"] < 200 and state["processes"] == 2
     assert log.read_text().count("checkpoint saved") == 1
-    resumed = run("prune-distill", str(model), *ARGS, "--save-every", "100000", "--tokens", "6400", "--data", str(text),
-                  "--resume", "-o", str(out))
+    resumed = launch(2, *args, "--resume", fsdp=True) if fsdp else run(*args[2:], "--resume")
     assert resumed.returncode == 0, resumed.stderr
     assert [p["step"] for p in read_json(out / "compress.json")["distill_curve"]][-1] == 200
 

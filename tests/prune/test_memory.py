@@ -77,3 +77,27 @@ def test_refusal_comes_before_anything_is_loaded_and_writes_nothing(tmp_path, mo
     with pytest.raises(UserError, match=r"^prune-distill needs about \d+ MiB .* this machine has 1 MiB available"):
         prune_distill.run_prune_distill(str(model), pcfg, DistillConfig(), str(out))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["teacher"]
+
+
+def test_fsdp_splits_the_models_but_not_the_gathered_units():
+    est = memory.estimate(LLAMA3_8B, MINITRON_4B, DistillConfig(), PCFG, autocast=True, processes=8, sharded=True,
+                          on_host=False)
+    assert est.teacher == 8_030_261_248 * 4 // 8 and est.student_bytes == 16 / 8 + 2 and est.tokens == 256
+    student_outer, teacher_outer = 128256 * 3072 * 2 + 3072, 128256 * 4096 * 2 + 4096
+    student_block = (4_512_746_496 - student_outer) // 32
+    teacher_block = (8_030_261_248 - teacher_outer) // 32
+    assert est.gathered == 8 * (student_outer + 2 * student_block) + 4 * (teacher_outer + 2 * teacher_block)
+    assert memory.gib(est.total) == "35.7" and "split 8 ways" in est.describe() and est.loading == 0
+    on_cpu = memory.estimate(LLAMA3_8B, MINITRON_4B, DistillConfig(), PCFG, processes=2, sharded=True)
+    assert on_cpu.loading == (8_030_261_248 + 4_512_746_496) * 4 and on_cpu.total == on_cpu.training_total
+
+
+def test_gpu_runs_check_what_the_processes_load_on_the_host():
+    est = memory.estimate(LLAMA3_8B, MINITRON_4B, DistillConfig(), PCFG, autocast=True, processes=8, sharded=True,
+                          on_host=False)
+    memory.check_loading(est, 8 * 47 << 30, copies=8)
+    with pytest.raises(UserError) as e:
+        memory.check_loading(est, 100 << 30, copies=8)
+    assert str(e.value).startswith("prune-distill loads the whole teacher and student in fp32 on the host in every "
+                                   "process before moving them to the GPU: 8 processes x 46.7 GiB; this machine has "
+                                   "100.0 GiB available") and "\n" not in str(e.value)
