@@ -58,7 +58,7 @@ class MemoryEstimate:
     ddp: bool = False  # several processes: DDP's gradient buckets are in student_bytes
     shards: int = 1  # FSDP: the teacher and the student's trained bytes are split this many ways
     gathered: int = 0  # FSDP: the units gathered whole at a time
-    loading: int = 0  # FSDP on the host: both whole models, before they are split
+    loads_on_host: bool = False  # FSDP without a GPU: the whole models are loaded where it trains, then split
 
     @property
     def teacher(self) -> int:
@@ -67,6 +67,15 @@ class MemoryEstimate:
     @property
     def student(self) -> int:
         return int(self.student_params * self.student_bytes)
+
+    @property
+    def whole_models(self) -> int:
+        """Both models whole in fp32: what every process holds on the host before they are split or moved."""
+        return (self.teacher_params + self.student_params) * 4
+
+    @property
+    def loading(self) -> int:
+        return self.whole_models if self.loads_on_host else 0
 
     @property
     def training_total(self) -> int:
@@ -123,7 +132,7 @@ def check(est: MemoryEstimate, available: int, where: str, copies: int = 1) -> N
 def check_loading(est: MemoryEstimate, available: int, copies: int) -> None:
     """One UserError line when the host cannot hold what `copies` processes load before a GPU run (each loads the
     whole teacher and builds the whole student on the host, in fp32)."""
-    need = (est.teacher_params + est.student_params) * 4 * copies
+    need = est.whole_models * copies
     if need > available:
         raise UserError(f"prune-distill loads the whole teacher and student in fp32 on the host in every process "
                         f"before moving them to the GPU: {times(copies)}{size(need // copies)}; this machine has "
@@ -189,10 +198,9 @@ def estimate(cfg: ModelConfig, shape: Shape, dcfg: DistillConfig | None, pcfg: P
     activations = tokens * (shape.num_layers + 1) * per_token_layer(cfg, shape, autocast)
     logits = tokens * V * (LOGIT_COPIES * 4 + 2 * act)
     if sharded:
-        loading = (teacher_params + student_params) * 4 if on_host else 0
         return MemoryEstimate(teacher_params, teacher_bytes, student_params, ADAMW_FP32 / processes + (2 if autocast else 0),
                               activations, logits, tokens, training=True, shards=processes,
-                              gathered=gathered_bytes(cfg, shape, teacher_bytes), loading=loading)
+                              gathered=gathered_bytes(cfg, shape, teacher_bytes), loads_on_host=on_host)
     per_param = ADAMW_FP32 + (2 if autocast else 0) + (DDP_BUCKETS if processes > 1 else 0)
     return MemoryEstimate(teacher_params, teacher_bytes, student_params, per_param, activations, logits, tokens,
                           training=True, ddp=processes > 1)

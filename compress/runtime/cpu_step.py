@@ -10,7 +10,8 @@ same kernels, so the numbers are those of the module path except SiLU(gate) * up
 Which models: fp32 activations, every block's q/k/v and gate/up joined (``cpu_fusion``), all four Linears
 without bias and of one kind: ``NibbleLinear`` of one group size and activation kind, or fp32 ``CpuLinear``
 (their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
-and up, where C was chosen), ``CpuRMSNorm`` norms, no sliding window. The embedding lookup, the rotary tables and the lm_head stay in Python (once a step).
+and up, where C was chosen), ``CpuRMSNorm`` norms, no sliding window. The embedding lookup, the rotary
+tables and the lm_head stay in Python (once a step).
 """
 
 import torch
@@ -36,7 +37,7 @@ def eligible(model: nn.Module) -> bool:
     norms = [m for b in model.model.layers for m in block_modules(b)[:2]] + [model.model.norm]
     if not all(isinstance(m, (NibbleLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
         return False
-    kinds = {(type(m), m.group_size, m.int8_activations) if isinstance(m, NibbleLinear) else CpuLinear for m in linears}
+    kinds = {(m.group_size, m.int8_activations) if isinstance(m, NibbleLinear) else CpuLinear for m in linears}
     return len(kinds) == 1 and len({m.eps for m in norms}) == 1
 
 
