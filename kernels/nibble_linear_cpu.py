@@ -56,22 +56,39 @@ static inline vi widen(const unsigned char *p) {
 #endif
 }
 
+/* A group's dequantization (scale s, offset o) as one piece() needs it. AVX-512: its 16 values q * s + o in a
+   register, looked up by the codes (vpermps reads an index's low 4 bits only, so the low nibbles need no mask):
+   two ops a vector of weights instead of mask or shift, convert and multiply-add. */
+#if VW == 16
+typedef vf deq;
+static inline deq deq_of(float s, float o) {
+    return (vf){0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15} * s + o;
+}
+#else
+typedef struct { float s, o; } deq;
+static inline deq deq_of(float s, float o) { return (deq){s, o}; }
+#endif
+
 /* Weights v*VW .. v*VW + VW - 1 of the 32 in the 16-byte chunk at p, as floats (low nibbles first). */
-static inline vf piece(const unsigned char *p, int v, float s, float o) {
+static inline vf piece(const unsigned char *p, int v, deq d) {
     const vi lanes = widen(p + (v % HALF) * VW);
+#if VW == 16
+    return (vf)_mm512_permutexvar_ps((__m512i)(v < HALF ? lanes : lanes >> 4), (__m512)d);
+#else
     const vi q = v < HALF ? lanes & 15 : lanes >> 4;
-    return __builtin_convertvector(q, vf) * s + o;
+    return __builtin_convertvector(q, vf) * d.s + d.o;
+#endif
 }
 
-/* w [rn, K] (rows ws floats apart) = dequant of rows of q (I/2 bytes apart) from group g0, K / gs groups. */
+/* w [rn, K] (rows ws floats apart) = dequant of rows of q (I/2 bytes apart) from group g0, K / gs whole groups. */
 static void dequant_rows(const unsigned char *q, const float *sc, const float *of, float *w, int ws, int rn,
                          int I, int G, int gs, int g0, int K) {
     for (int n = 0; n < rn; n++)
-        for (int k = 0; k < K; k += 32) {
-            const int g = g0 + k / gs;
-            const float s = sc[(size_t)n * G + g], f = of[(size_t)n * G + g];
-            for (int v = 0; v < 32 / VW; v++)
-                *(vfu *)(w + (size_t)n * ws + k + v * VW) = piece(q + (size_t)n * (I / 2) + (size_t)g0 * gs / 2 + k / 2, v, s, f);
+        for (int g = 0; g < K / gs; g++) {
+            const deq d = deq_of(sc[(size_t)n * G + g0 + g], of[(size_t)n * G + g0 + g]);
+            for (int k = g * gs; k < (g + 1) * gs; k += 32)
+                for (int v = 0; v < 32 / VW; v++)
+                    *(vfu *)(w + (size_t)n * ws + k + v * VW) = piece(q + (size_t)n * (I / 2) + (size_t)g0 * gs / 2 + k / 2, v, d);
         }
 }
 
@@ -83,12 +100,12 @@ static inline __attribute__((always_inline)) void ntile(const float *x, const un
     for (int r = 0; r < rm; r++)
         for (int n = 0; n < rn; n++) acc[r][n] = (vf){0};
     for (int g = 0; g < G; g++) {
-        float s[NRN], o[NRN];
-        for (int n = 0; n < rn; n++) s[n] = sc[(size_t)n * G + g], o[n] = of[(size_t)n * G + g];
+        deq d[NRN];
+        for (int n = 0; n < rn; n++) d[n] = deq_of(sc[(size_t)n * G + g], of[(size_t)n * G + g]);
         for (int k = g * gs; k < (g + 1) * gs; k += 32)
             for (int v = 0; v < 32 / VW; v++) {
                 vf wv[NRN];
-                for (int n = 0; n < rn; n++) wv[n] = piece(q + (size_t)n * (I / 2) + k / 2, v, s[n], o[n]);
+                for (int n = 0; n < rn; n++) wv[n] = piece(q + (size_t)n * (I / 2) + k / 2, v, d[n]);
                 for (int r = 0; r < rm; r++) {
                     const vf xv = *(const vfu *)(x + (size_t)r * I + k + v * VW);
                     for (int n = 0; n < rn; n++) acc[r][n] += xv * wv[n];
