@@ -135,7 +135,10 @@ static int nrows(const float *x, const unsigned char *q, const float *sc, const 
                       M, o1 - o < NRN ? o1 - o : NRN);
         return 0;
     }
-    const int kc = ((KC < I ? KC : I) + gs - 1) / gs * gs;  /* whole groups */
+    /* K blocks as linear_cpu's (one where x fits XBLOCK, else even ones of about KC), in whole groups: a short
+       last block would pay a tile's sums and y's read and write for a few inputs */
+    const int blocks = (size_t)M * I <= XBLOCK ? 1 : (I + KC - 1) / KC;
+    const int kc = ((I + blocks - 1) / blocks + gs - 1) / gs * gs;
     int mc = XBLOCK / kc;
     mc = mc < RM ? RM : mc - mc % RM;
     float *wb = malloc(sizeof(float) * RN * kc);

@@ -11,7 +11,8 @@ Prints the host (CPU, vector extensions, threads, how the C kernels were built),
   times at start (``compress/runtime/kernel_choice.py``, made afresh here, not read from the cache),
   with the kernel the engine chooses (C or t; as the engine, a kernel other than the preferred one
   must win two timings, ``kernel_choice.confirmed``). For int4 the engine's candidates are the 4-bit C
-  GEMM and dequantize-into-scratch + torch's GEMM ("t").
+  GEMM, dequantize-into-scratch + torch's GEMM ("t") and dequantize-into-scratch + our fp32 C GEMM
+  ("f"); the ratio is torch's path over the 4-bit GEMM.
 - the check: every row count from 1 to --max-rows that the buckets and their midpoints give, timed
   again (a second, independent pass): torch's fp32 GEMM on the dense weight against the kernel the
   engine runs at that row count; the worst ratio per shape (the target: >= 0.95 for fp32; a ratio
@@ -40,8 +41,8 @@ from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, nibble_q8
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_kernels import decode_candidates
-from compress.runtime.cpu_linears import ROTATION_BYTES, SLICE_MIN, CpuLinear, Group, NibbleLinear, Scratch, candidates
-from compress.runtime.kernel_choice import C, TORCH, Plan, buckets, confirmed, decide, time_candidates
+from compress.runtime.cpu_linears import ROTATION_BYTES, SLICE_MIN, CpuLinear, Group, NibbleLinear, Scratch, candidates, use_plan
+from compress.runtime.kernel_choice import C, C_FP32, TORCH, Plan, buckets, confirmed, decide, time_candidates
 
 # (out, in, how many in the model): q/o, k/v, gate/up, down, lm_head; "-joined": as the engine runs them, q/k/v and
 # gate/up joined into one Linear each (runtime/cpu_fusion.py)
@@ -53,6 +54,7 @@ SHAPES = {
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16  # SmolLM2-135M's attention
 GROUP = 64  # int4 group size
 STEP_BYTES = 2 << 30  # the whole-step table holds every Linear of the model in fp32: only up to this
+LETTERS = {C: "C", TORCH: "t", C_FP32: "f"}  # the choice in a table cell
 
 
 def host() -> str:
@@ -112,13 +114,13 @@ def settled(runs: dict, repeats: int, tries: int = 4) -> dict[str, float] | None
 def choice_row(label: str, group: Group, rows: list[int], repeats: int) -> tuple[str, Plan | None]:
     """A table row: torch / C and the engine's choice at each row count ("noisy": timings that never
     repeated, the preferred kernel); and the engine's Plan from them (None unless rows are buckets from 1)."""
-    cells, kernels, ratios = [], [], []
+    cells, kernels, times = [], [], []
     for r in rows:
         ms = confirmed(lambda r: settled(candidates(group, r), repeats), r, group.preferred)
         kernels.append(group.preferred if ms is None else decide(ms, group.preferred))
-        ratios.append(None if ms is None else ms[TORCH] / ms[C])
-        cells.append("noisy" if ms is None else f"{ratios[-1]:.2f} {'C' if kernels[-1] == C else 't'}")
-    plan = Plan(tuple(rows), tuple(kernels), tuple(ratios), group.preferred) if rows == buckets(rows[-1]) else None
+        times.append(ms)
+        cells.append("noisy" if ms is None else f"{ms[TORCH] / ms[C]:.2f} {LETTERS[kernels[-1]]}")
+    plan = Plan(tuple(rows), tuple(kernels), tuple(times), group.preferred) if rows == buckets(rows[-1]) else None
     return f"| {label} | " + " | ".join(cells) + " |", plan
 
 
@@ -142,11 +144,11 @@ def check_ratio(group: Group, dense: Group, kernel: str, rows: int, repeats: int
 
 
 def check_row(label: str, group: Group, dense: Group, plan: Plan, rows: list[int], repeats: int) -> str:
-    """torch fp32 / the engine's kernel at every row count (as the engine picks it: plan.table()),
+    """torch fp32 / the engine's kernel at every row count (as the engine picks it: plan.choices()),
     and for fp32 the worst where the engine runs torch itself: the noise of a timing."""
-    ratios, noisy, itself, use_c = {}, [], [], plan.table()
+    ratios, noisy, itself, choices = {}, [], [], plan.choices()
     for r in rows:
-        kernel = C if use_c[r] else TORCH
+        kernel = choices[min(r, len(choices) - 1)]
         ratio = check_ratio(group, dense, kernel, r, repeats)
         if ratio is None:
             noisy.append(r)
@@ -163,7 +165,7 @@ def check_row(label: str, group: Group, dense: Group, plan: Plan, rows: list[int
             f"| {', '.join(map(str, below)) or 'none'} | {noise} | {len(noisy)} |")
 
 
-def step_modules(shapes: list[tuple[int, int, int]], tables: dict[tuple[int, int, str], list[bool]], gen: torch.Generator):
+def step_modules(shapes: list[tuple[int, int, int]], plans: dict[tuple[int, int, str], Plan], gen: torch.Generator):
     """A whole step's Linears at full size: torch's nn.Linears, the engine's CpuLinears over the same weights
     and NibbleLinears (the lm_head, the last shape, stays fp32 as in our exports), with the choices made."""
     dense, fp32, int4, scratch = [], [], [], Scratch()
@@ -172,7 +174,7 @@ def step_modules(shapes: list[tuple[int, int, int]], tables: dict[tuple[int, int
             dense.append(nn.Linear(in_features, out_features, bias=False, device="meta"))
             dense[-1].weight = nn.Parameter(torch.randn(out_features, in_features, generator=gen), requires_grad=False)
             fp32.append(CpuLinear(dense[-1].weight, None))
-            fp32[-1].use_c = tables[out_features, in_features, "fp32"]
+            use_plan(fp32[-1], plans[out_features, in_features, "fp32"])
             if n == len(shapes) - 1:
                 int4.append(fp32[-1])
                 continue
@@ -180,7 +182,7 @@ def step_modules(shapes: list[tuple[int, int, int]], tables: dict[tuple[int, int
             int4.append(NibbleLinear.from_codes(torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8),
                                                 torch.rand(out_features, g, generator=gen) * 0.01,
                                                 torch.randint(0, 16, (out_features, g), generator=gen), None, scratch))
-            int4[-1].use_c = tables[out_features, in_features, "int4"]
+            use_plan(int4[-1], plans[out_features, in_features, "int4"])
     return dense, fp32, int4
 
 
@@ -225,8 +227,8 @@ def main(argv: list[str] | None = None) -> None:
         cells.append(f"{r}: noisy" if ms is None else f"{r}: {ms[TORCH] / ms[C]:.2f} {'C' if decide(ms, TORCH) == C else 't'}")
     print("decode attention per bucket, torch / C and the choice (one layer, up to 256 tokens each): " + ", ".join(cells))
     head = "| Linear (in the model) | " + " | ".join(map(str, row_counts)) + " |\n|---|" + "---:|" * len(row_counts)
-    print(f"\ntorch / C per row count, and the engine's choice (C or t), fastest of {args.repeats} interleaved passes\n{head}")
-    gen, made, tables = torch.Generator().manual_seed(2), [], {}
+    print(f"\ntorch / C per row count, and the engine's choice (C, t or f), fastest of {args.repeats} interleaved passes\n{head}")
+    gen, made, plans = torch.Generator().manual_seed(2), [], {}
     for out_features, in_features, count in SHAPES[args.shapes]:
         fp32, int4 = groups(out_features, in_features, count, gen)
         for key, kind, group in (("fp32", "fp32", fp32), ("int4", f"int4 g{GROUP}", int4)):
@@ -234,13 +236,13 @@ def main(argv: list[str] | None = None) -> None:
             line, plan = choice_row(label, group, row_counts, args.repeats)
             print(line, flush=True)
             made.append((label, group, fp32, plan))
-            tables[out_features, in_features, key] = plan.table() if plan else []
+            plans[out_features, in_features, key] = plan
     shapes = SHAPES[args.shapes]
     if not args.rows and 4 * sum(o * i * n for o, i, n in shapes) <= STEP_BYTES:
         print(f"\na whole step's {sum(n for *_, n in shapes) - 1} Linears + lm_head (ms): torch fp32, the engine with the choices "
               f"above, fp32 and int4 g{GROUP} (lm_head fp32)\n| rows | torch | engine fp32 | torch / engine | engine int4 "
               f"| torch fp32 / engine int4 |\n|---:|---:|---:|---:|---:|---:|")
-        dense, fp32_step, int4_step = step_modules(shapes, tables, gen)
+        dense, fp32_step, int4_step = step_modules(shapes, plans, gen)
         for r in step_rows:
             print(step_row(r, dense, fp32_step, int4_step, args.repeats), flush=True)
         del dense, fp32_step, int4_step

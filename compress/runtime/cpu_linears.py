@@ -5,10 +5,11 @@ Memory each holds:
 - fp32 (``CpuLinear``): the Linear's own weight ``[O, I]``, which both kernels read as it is
   (``kernels/linear_cpu.py``): nothing is copied, and a tied lm_head shares the embedding's table.
 - int4/int3 (``NibbleLinear``): the codes as nibbles plus an fp32 scale and offset per group, ~5 bits
-  a weight at g64 (``kernels/nibble_linear_cpu.py``), never a dense copy. Its torch path dequantizes
-  the weight into a ``Scratch`` buffer on every call (amortized where torch wins: many rows); one
-  buffer serves every NibbleLinear, as large as the largest dense weight among those that take that
-  path at some row count, allocated at the first such call.
+  a weight at g64 (``kernels/nibble_linear_cpu.py``), never a dense copy. Its other two paths dequantize
+  the weight into a ``Scratch`` buffer on every call (amortized where they win: many rows), then run
+  torch's GEMM or our fp32 one over it, whichever is faster on this host; one buffer serves every
+  NibbleLinear, as large as the largest dense weight among those that take such a path at some row
+  count, allocated at the first such call.
 - int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
   path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``).
 - an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
@@ -27,7 +28,7 @@ from torch import nn
 
 from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu
 from compress.quant.linear import PackedLinear
-from compress.runtime.kernel_choice import C, TORCH, Plan
+from compress.runtime.kernel_choice import C, C_FP32, TORCH, Plan
 
 # A timing pass streams at least this many fp32-equivalent weight bytes where they fit (distinct
 # weights, past any L2, as a step streams them), and does at most PASS_FLOPS of work, cutting a large
@@ -76,7 +77,7 @@ class Scratch:
 
 class HeldLinear(nn.Module):
     """A Linear whose weight is held compressed (``packed``): the C ``kernel`` over it, or per its row count
-    ``dequantize`` into the shared Scratch and torch's GEMM."""
+    ``dequantize`` into the shared Scratch and torch's GEMM or our fp32 one (``dense_c[rows]``)."""
 
     # Subclasses name the kernel module's functions as properties, looked up at each call (tests replace them):
     # kernel (x, packed, bias) -> y, dequantize (packed, out buffer) -> weight [O, I] fp32.
@@ -92,15 +93,18 @@ class HeldLinear(nn.Module):
         self.bias = _bias(bias)
         self.scratch = scratch
         self.use_c = [True]
+        self.dense_c = [False]
 
     @property
     def packed(self) -> tuple:
         return tuple(getattr(self, name) for name in self.names)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _use_c(self.use_c, x.numel() // self.in_features):
+        rows = x.numel() // self.in_features
+        if _use_c(self.use_c, rows):
             return self.kernel(x, self.packed, self.bias)
-        return F.linear(x, self.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features)), self.bias)
+        weight = self.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features))  # [O, I]
+        return linear_cpu.unchecked(x, weight, self.bias) if _use_c(self.dense_c, rows) else F.linear(x, weight, self.bias)
 
 
 class NibbleLinear(HeldLinear):
@@ -199,9 +203,9 @@ class Group:
         return TORCH if isinstance(self.modules[0], CpuLinear) else C
 
     def apply(self, plan: Plan) -> None:
-        self.plan, table = plan, plan.table()
+        self.plan = plan
         for m in self.modules:
-            m.use_c = table
+            use_plan(m, plan)
 
     def describe(self) -> str:
         return f"{self.op} ({len(self.modules)}): {self.plan.describe()}"
@@ -216,9 +220,9 @@ class Swapped:
     joins: int = 0  # q/k/v and gate/up projections joined into one Linear each (runtime/cpu_fusion.py)
 
     def scratch_bytes(self) -> int:
-        """The most a Scratch holds: the largest dense weight of a HeldLinear whose plan runs torch somewhere."""
+        """The most a Scratch holds: the largest dense weight of a HeldLinear whose plan dequantizes somewhere."""
         sizes = [4 * g.modules[0].out_features * g.modules[0].in_features for g in self.groups
-                 if isinstance(g.modules[0], HeldLinear) and TORCH in g.plan.kernels]
+                 if isinstance(g.modules[0], HeldLinear) and set(g.plan.kernels) - {C}]
         return max(sizes, default=0)
 
 
@@ -230,8 +234,17 @@ def rotation(items: list, out_features: int, in_features: int, rows: int, cut: C
     return [cut(item, keep) for item in items[:count]]
 
 
+def use_plan(m: nn.Module, plan: Plan) -> None:
+    """Set a swapped Linear's kernel per row count from its group's plan."""
+    choices = plan.choices()
+    m.use_c = [k == C for k in choices]
+    if isinstance(m, HeldLinear):
+        m.dense_c = [k == C_FP32 for k in choices]
+
+
 def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
-    """The C kernel and torch's, each a pass over the group's weights (see rotation) at `rows` rows."""
+    """The C kernel and torch's, each a pass over the group's weights (see rotation) at `rows` rows; for
+    held weights also our fp32 GEMM over the dequantized scratch."""
     first = group.modules[0]
     out_features, in_features = first.out_features, first.in_features
     x = torch.randn(rows, in_features)
@@ -240,7 +253,8 @@ def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
         return {C: lambda: [linear_cpu.unchecked(x, w) for w in weights], TORCH: lambda: [F.linear(x, w) for w in weights]}
     packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
     scratch = torch.empty(packs[0][0].shape[0] * in_features)
-    return {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs]}
+    return {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs],
+            C_FP32: lambda: [linear_cpu.unchecked(x, first.dequantize(p, scratch)) for p in packs]}
 
 
 def group_modules(modules: list[nn.Module]) -> list[Group]:

@@ -4,13 +4,13 @@ engine start on the model's own shapes, not assumed (docs/runtime.md, "Kernels c
 An op (a Linear shape, decode attention) is timed at a few row counts, ``buckets``, spaced at most
 1.5x apart up to the most the engine runs; a row count between two buckets takes the choice of the
 bucket below it, or where the two chose different kernels, the choice that torch's time over C's,
-interpolated between them, gives. At each bucket the candidates are timed interleaved (C, torch, torch, C, ...: a
+interpolated between them, gives (each candidate's time interpolated geometrically in the row count). At each bucket the candidates are timed interleaved (C, torch, torch, C, ...: a
 slow spell of a shared machine hits both), each pass ~1 ms of work, and each keeps its fastest of
 ``REPEATS`` passes (up to 3x as many until it is repeated). A fastest pass must be repeated: unless
 a second pass of every candidate comes within ``NOISE`` of its fastest, the machine was too busy to
 tell them apart, and the bucket is left untimed (not cached). The fastest wins unless the preferred candidate is within ``MARGIN`` of it:
 torch for fp32 Linears and attention (a wrong call within the noise then costs nothing against
-torch), the C kernel for int4/int3 Linears (torch's path needs a dequantized scratch copy); and
+torch), the C kernel for int4/int3 Linears (the other paths need a dequantized scratch copy); and
 another candidate must win twice (``confirmed``): a slow spell during the preferred kernel's passes
 alone then cannot switch it. An
 untimed bucket (noise, or past ``BUDGET_S`` of timing at one start, coarse buckets being timed
@@ -33,6 +33,9 @@ import torch
 from compress.kernels import cpu_build, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu
 
 C, TORCH = "C", "torch"
+# A held (int4/int3, int8) weight's third path: dequantized into the scratch copy, then our fp32 C GEMM (on a host
+# where it beats torch's GEMM, torch's path would lose that lead at the row counts where the scratch pays)
+C_FP32 = "C fp32"
 REPEATS = 5
 MARGIN = 0.03  # a lead this small is within the noise (one kernel against itself: 0.94-1.0, docs/results/speed.md)
 NOISE = 0.10  # a fastest pass not repeated within this: too busy a machine to time
@@ -56,38 +59,47 @@ class Plan:
 
     rows: tuple[int, ...]  # ascending, rows[0] == 1
     kernels: tuple[str, ...]
-    ratios: tuple[float | None, ...]  # torch's time / C's, per bucket (None: not timed)
+    times: tuple[dict[str, float] | None, ...]  # ms per candidate, per bucket (None: not timed)
     preferred: str = TORCH
 
     def __post_init__(self):
         if not self.rows or self.rows[0] != 1 or list(self.rows) != sorted(set(self.rows)):
             raise ValueError(f"rows must ascend from 1 without repeats, got {self.rows}")
-        if not len(self.rows) == len(self.kernels) == len(self.ratios):
-            raise ValueError("rows, kernels and ratios must have one entry per bucket")
+        if not len(self.rows) == len(self.kernels) == len(self.times):
+            raise ValueError("rows, kernels and times must have one entry per bucket")
+
+    @property
+    def ratios(self) -> tuple[float | None, ...]:
+        """torch's time / C's per bucket (None: not timed)."""
+        return tuple(None if ms is None else ms[TORCH] / ms[C] for ms in self.times)
+
+    def choices(self) -> list[str]:
+        """The kernel at r rows for r in 0..rows[-1] (callers use the last entry beyond)."""
+        choices = [self.preferred] * (self.rows[-1] + 1)
+        for i, start in enumerate(self.rows):
+            end = self.rows[i + 1] if i + 1 < len(self.rows) else len(choices)
+            switch = i + 1 < len(self.rows) and self.kernels[i + 1] != self.kernels[i]
+            choices[start:end] = [self._between(i, r) if switch else self.kernels[i] for r in range(start, end)]
+        choices[0] = choices[1]
+        return choices
 
     def table(self) -> list[bool]:
         """use_c[r] for r in 0..rows[-1]: whether r rows run the C kernel (callers use the last entry beyond)."""
-        table = [False] * (self.rows[-1] + 1)
-        for i, start in enumerate(self.rows):
-            end = self.rows[i + 1] if i + 1 < len(self.rows) else len(table)
-            switch = i + 1 < len(self.rows) and self.kernels[i + 1] != self.kernels[i]
-            table[start:end] = [self._between(i, r) if switch else self.kernels[i] == C for r in range(start, end)]
-        table[0] = table[1]
-        return table
+        return [k == C for k in self.choices()]
 
-    def _between(self, i: int, rows: int) -> bool:
-        """Whether C runs at `rows`, between bucket i and the next, which chose another kernel: the ratio
-        interpolated geometrically in the row count, decided as a timed bucket is (a bucket's lead
-        does not hold all the way to a bucket that chose the other kernel)."""
-        a, b = self.ratios[i], self.ratios[i + 1]
+    def _between(self, i: int, rows: int) -> str:
+        """The kernel at `rows`, between bucket i and the next, which chose another kernel: each candidate's
+        time interpolated geometrically in the row count, decided as a timed bucket is (a bucket's lead
+        does not hold all the way to a bucket that chose another kernel)."""
+        a, b = self.times[i], self.times[i + 1]
         if a is None or b is None:
-            return self.kernels[i] == C
-        ratio = a * (b / a) ** (math.log(rows / self.rows[i]) / math.log(self.rows[i + 1] / self.rows[i]))
-        return decide({C: 1.0, TORCH: ratio}, self.preferred) == C
+            return self.kernels[i]
+        f = math.log(rows / self.rows[i]) / math.log(self.rows[i + 1] / self.rows[i])
+        return decide({k: a[k] * (b[k] / a[k]) ** f for k in a if k in b}, self.preferred)
 
     def describe(self) -> str:
         """The table in words, e.g. "C at 1-12 rows, torch from 16"."""
-        names = [C if use else TORCH for use in self.table()[1:]]  # rows 1..rows[-1]
+        names = self.choices()[1:]  # rows 1..rows[-1]
         starts = [r for r in range(1, len(names) + 1) if r == 1 or names[r - 1] != names[r - 2]]
         if len(starts) == 1:
             return f"{names[0]} at every row count"
@@ -157,9 +169,10 @@ def coarse_first(n: int) -> list[int]:
 
 
 def host_key() -> str:
-    """What a timing depends on besides the op: CPU, torch, threads, and the kernels as built."""
-    sources = [cpu_build.PREAMBLE, linear_cpu.SOURCE, nibble_linear_cpu.SOURCE, nibble_q8_cpu.SOURCE, int8_rows_cpu.SOURCE,
-               paged_attention_cpu.SOURCE, *cpu_build.flags()]
+    """What a timing depends on besides the op: CPU, torch, threads, the kernels as built and the candidates' names
+    (a cache from before a candidate was added is timed afresh)."""
+    sources = [C, TORCH, C_FP32, cpu_build.PREAMBLE, linear_cpu.SOURCE, nibble_linear_cpu.SOURCE, nibble_q8_cpu.SOURCE,
+               int8_rows_cpu.SOURCE, paged_attention_cpu.SOURCE, *cpu_build.flags()]
     parts = [cpu_build.machine(), torch.__version__, str(torch.get_num_threads()), *sources]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
@@ -178,8 +191,7 @@ def plan_of(request: Request, timings: list[dict[str, float] | None]) -> Plan:
     timed = [i for i, k in enumerate(decided) if k is not None]
     kernels = [k if k is not None else decided[min(timed, key=lambda j: (abs(j - i), j))] if timed else request.preferred
                for i, k in enumerate(decided)]
-    ratios = [None if ms is None else ms[TORCH] / ms[C] for ms in timings]
-    return Plan(tuple(request.rows), tuple(kernels), tuple(ratios), request.preferred)
+    return Plan(tuple(request.rows), tuple(kernels), tuple(timings), request.preferred)
 
 
 class Timings:

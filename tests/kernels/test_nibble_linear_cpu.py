@@ -41,9 +41,10 @@ def test_matches_the_reference_in_each_build(isa, rows, out_features, bits):
 
 
 @needs_kernel
-@pytest.mark.parametrize("rows,in_features,group", [(2, 1024, 1024), (40, 2048, 128), (300, 1600, 64)])
+@pytest.mark.parametrize("rows,in_features,group", [(2, 1024, 1024), (30, 1536, 64), (40, 2048, 128), (300, 1600, 64)])
 def test_whole_row_groups_and_blocks_of_inputs(isa, rows, in_features, group):
-    """One group per row; several blocks of KC inputs (whole groups each); x beyond one 256 KiB block."""
+    """One group per row; x within one 256 KiB block: one block of inputs, wider than KC; several blocks of about
+    KC inputs (whole groups each, the last shorter); x beyond one 256 KiB block."""
     codes, scale, zero = random_weight(20, in_features, group, 4, seed=rows)
     x = torch.randn(rows, in_features)
     assert_matches(kernel.linear(x, kernel.pack(codes, scale, zero)), reference_linear(x, codes, scale, zero, 4))

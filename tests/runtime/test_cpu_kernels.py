@@ -7,7 +7,7 @@ from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu,
 from compress.model.config import ModelConfig
 from compress.runtime import SamplingParams, cpu_kernels, cpu_linears, model_runner
 from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, candidates, rotation
-from compress.runtime.kernel_choice import C, TORCH, Plan, buckets
+from compress.runtime.kernel_choice import C, C_FP32, TORCH, Plan, buckets
 from tests.runtime.conftest import make_llm
 
 needs_kernels = pytest.mark.skipif(None in (linear_cpu.load(), nibble_linear_cpu.load(), paged_attention_cpu.load(), rms_norm_cpu.load(),
@@ -25,7 +25,7 @@ class FixedTimings:
         self.requests.append((op, max_rows, preferred))
 
     def plans(self):
-        return {op: Plan(tuple(buckets(m)), (self.kernel,) * len(buckets(m)), (1.0,) * len(buckets(m))) for op, m, _ in self.requests}
+        return {op: Plan(tuple(buckets(m)), (self.kernel,) * len(buckets(m)), (None,) * len(buckets(m))) for op, m, _ in self.requests}
 
     def save(self):
         pass
@@ -98,12 +98,14 @@ def test_both_candidates_of_a_timing_do_the_same_work(rows):
     fp32 = Group([CpuLinear(torch.randn(48, 64, generator=g), None) for _ in range(2)])
     scale, zero = torch.rand(48, 2, generator=g), torch.randint(0, 16, (48, 2), generator=g)
     int4 = Group([NibbleLinear.from_codes(torch.randint(0, 16, (48, 64), generator=g, dtype=torch.uint8), scale, zero, None, Scratch())])
-    for group in (fp32, int4):
+    for group, names in ((fp32, [C, TORCH]), (int4, [C, TORCH, C_FP32])):  # held weights: also our GEMM on the scratch
         runs = candidates(group, rows)
+        assert list(runs) == names
         ys = {name: fn() for name, fn in runs.items()}
-        assert len(ys[C]) == len(ys[TORCH]) == len(group.modules)
-        for a, b in zip(ys[C], ys[TORCH]):
-            torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+        assert all(len(ys[name]) == len(group.modules) for name in names)
+        for name in names[1:]:
+            for a, b in zip(ys[C], ys[name]):
+                torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
     cfg = ModelConfig("llama", 1, 4 * 16, 1, 1, 4, 2, 16)
     outs = {name: fn() for name, fn in cpu_kernels.decode_candidates(cfg, 16, rows).items()}
     torch.testing.assert_close(outs[C], outs[TORCH], atol=1e-5, rtol=1e-5)

@@ -5,8 +5,13 @@ import json
 import pytest
 
 from compress.runtime import kernel_choice
-from compress.runtime.kernel_choice import (C, TORCH, Plan, Timings, buckets, coarse_first, confirmed, decide, plan_of,
+from compress.runtime.kernel_choice import (C, C_FP32, TORCH, Plan, Timings, buckets, coarse_first, confirmed, decide, plan_of,
                                            repeated, time_candidates)
+
+
+def ratios(*torch_over_c: float) -> tuple[dict[str, float], ...]:
+    """Per-bucket times with C at 1 ms and torch at the given multiple of it."""
+    return tuple({C: 1.0, TORCH: r} for r in torch_over_c)
 
 
 def test_buckets_grow_at_most_one_and_a_half_times_and_end_at_the_maximum():
@@ -31,21 +36,34 @@ def test_a_plan_gives_every_row_count_the_choice_of_the_bucket_below():
     plan = Plan((1, 2, 3, 4, 6, 8), (C, C, C, C, TORCH, TORCH), (None,) * 6)  # untimed: no interpolation
     assert plan.table() == [True] * 6 + [False] * 3  # rows 0..8; row 5 takes bucket 4's choice
     assert plan.describe() == "C at 1-5 rows, torch from 6"
-    assert Plan((1, 2), (TORCH, TORCH), (1.0, 1.0)).describe() == "torch at every row count"
+    assert Plan((1, 2), (TORCH, TORCH), ratios(1.0, 1.0)).describe() == "torch at every row count"
     assert Plan((1, 2, 3), (C, TORCH, C), (None,) * 3).describe() == "C at 1 row, torch at 2, C from 3"
     with pytest.raises(ValueError, match="ascend from 1"):
-        Plan((2, 3), (C, C), (1.0, 1.0))
+        Plan((2, 3), (C, C), ratios(1.0, 1.0))
 
 
 def test_between_buckets_that_disagree_the_interpolated_ratio_decides():
     # torch / C: 0.9 at 1 row, 1.2 at 32, 0.8 at 64, geometric in the row count in between; C must lead by
     # 3% where torch is preferred: from 32^0.469 = 5.1 rows (1.03 = 0.9 * (1.2 / 0.9)^0.469) to 32 * 2^0.377 = 41.5
-    plan = Plan((1, 32, 64), (TORCH, C, TORCH), (0.9, 1.2, 0.8), TORCH)
+    plan = Plan((1, 32, 64), (TORCH, C, TORCH), ratios(0.9, 1.2, 0.8), TORCH)
     use_c = plan.table()
     assert [r for r in range(1, 65) if use_c[r]] == list(range(6, 42))
     assert plan.describe() == "torch at 1-5 rows, C at 6-41, torch from 42"
-    int4 = Plan((1, 32, 64), (C, C, TORCH), (1.2, 1.2, 0.8), C)  # C preferred: kept while within 3% of torch (0.971)
+    int4 = Plan((1, 32, 64), (C, C, TORCH), ratios(1.2, 1.2, 0.8), C)  # C preferred: kept while within 3% of torch (0.971)
     assert [r for r in range(1, 65) if not int4.table()[r]] == list(range(46, 65))
+
+
+def test_a_third_candidate_is_chosen_and_interpolated_like_the_others():
+    # A held weight's candidates: the 4-bit kernel (C), dequantize + torch, dequantize + our fp32 GEMM (C_FP32).
+    # At 64 rows C_FP32 is fastest; between 32 and 64, each time geometric in the row count: C_FP32 / C goes
+    # 1.2 -> 0.6, torch stays 1.1x C_FP32 (never chosen); C_FP32 leads C by 3% from 32 * 2^0.307 = 39.5 rows.
+    times = ({C: 1.0, TORCH: 4.0, C_FP32: 3.0}, {C: 1.0, TORCH: 1.32, C_FP32: 1.2}, {C: 1.0, TORCH: 0.66, C_FP32: 0.6})
+    plan = Plan((1, 32, 64), (C, C, C_FP32), times, C)
+    choices = plan.choices()
+    assert [r for r in range(1, 65) if choices[r] == C_FP32] == list(range(40, 65)) and TORCH not in choices
+    assert plan.table()[39] and not plan.table()[40]  # table(): the 4-bit kernel's rows only
+    assert plan.describe() == "C at 1-39 rows, C fp32 from 40"
+    assert plan_of(kernel_choice.Request("op", [1, 32, 64], C, lambda rows: {}), list(times)).kernels == (C, C, C_FP32)
 
 
 def test_untimed_buckets_take_the_nearest_timed_choice():
