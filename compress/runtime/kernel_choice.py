@@ -1,11 +1,13 @@
-"""Which kernel runs an op at each row count on CPU: our C kernel or torch's, chosen by timing both at
-engine start on the model's own shapes, not assumed (docs/runtime.md, "Kernels chosen by measurement").
+"""Which kernel runs an op at each row count on CPU: our C kernel or torch's (for a held int4/int3 or
+int8 weight also our fp32 GEMM over its dequantized copy), chosen by timing them at engine start on
+the model's own shapes, not assumed (docs/runtime.md, "Kernels chosen by measurement").
 
 An op (a Linear shape, decode attention) is timed at a few row counts, ``buckets``, spaced at most
 1.5x apart up to the most the engine runs; a row count between two buckets takes the choice of the
-bucket below it, or where the two chose different kernels, the choice that torch's time over C's,
-interpolated between them, gives (each candidate's time interpolated geometrically in the row count). At each bucket the candidates are timed interleaved (C, torch, torch, C, ...: a
-slow spell of a shared machine hits both), each pass ~1 ms of work, and each keeps its fastest of
+bucket below it, or where the two chose different kernels, the choice that each candidate's time,
+interpolated geometrically in the row count between them, gives. At each bucket the candidates are
+timed interleaved (C, torch, torch, C, ...: a slow spell of a shared machine hits both), each pass
+~1 ms of work, and each keeps its fastest of
 ``REPEATS`` passes (up to 3x as many until it is repeated). A fastest pass must be repeated: unless
 a second pass of every candidate comes within ``NOISE`` of its fastest, the machine was too busy to
 tell them apart, and the bucket is left untimed (not cached). The fastest wins unless the preferred candidate is within ``MARGIN`` of it:
@@ -67,11 +69,6 @@ class Plan:
             raise ValueError(f"rows must ascend from 1 without repeats, got {self.rows}")
         if not len(self.rows) == len(self.kernels) == len(self.times):
             raise ValueError("rows, kernels and times must have one entry per bucket")
-
-    @property
-    def ratios(self) -> tuple[float | None, ...]:
-        """torch's time / C's per bucket (None: not timed)."""
-        return tuple(None if ms is None else ms[TORCH] / ms[C] for ms in self.times)
 
     def choices(self) -> list[str]:
         """The kernel at r rows for r in 0..rows[-1] (callers use the last entry beyond)."""

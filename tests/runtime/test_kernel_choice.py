@@ -71,7 +71,7 @@ def test_untimed_buckets_take_the_nearest_timed_choice():
     fast_c, fast_torch = {C: 1.0, TORCH: 2.0}, {C: 2.0, TORCH: 1.0}
     plan = plan_of(req, [fast_c, None, None, fast_torch, None])
     assert plan.kernels == (C, C, TORCH, TORCH, TORCH)  # 4 is as near 8 as 2 is to 1: the nearer index wins
-    assert plan.ratios == (2.0, None, None, 0.5, None)  # torch's time / C's
+    assert plan.times == (fast_c, None, None, fast_torch, None)  # untimed buckets keep no times
     assert plan_of(req, [None] * 5).kernels == (TORCH,) * 5
 
 
@@ -150,7 +150,7 @@ def test_the_plan_follows_the_timings_and_the_cache_is_reused(cache):
     timings = Timings(cache)
     timings.request("linear 8x8 fp32", 32, TORCH, fake_measure(times, log))
     plan = timings.plans()["linear 8x8 fp32"]
-    assert plan.describe() == "C at 1-6 rows, torch from 7" and plan.ratios[0] == 3.0  # 7: 3.0 to 1/3, interpolated, is 0.92
+    assert plan.describe() == "C at 1-6 rows, torch from 7" and plan.times[0] == {C: 1.0, TORCH: 3.0}  # 7: 3.0 to 1/3, interpolated, is 0.92
     assert sorted(set(log)) == buckets(32) and timings.measured == len(buckets(32))
     assert sorted(log) == sorted(buckets(32) + [1, 2, 3, 4, 6])  # C's wins timed twice (confirmed)
     timings.save()
@@ -195,7 +195,7 @@ def test_past_the_budget_buckets_are_left_for_a_later_start(cache):
     timings.request("op", 512, TORCH, fake_measure(times, log := []))
     plan = timings.plans()["op"]
     assert log == [] and timings.skipped == len(buckets(512))
-    assert plan.kernels == (TORCH,) * len(plan.rows) and set(plan.ratios) == {None}  # the preferred kernel, untimed
+    assert plan.kernels == (TORCH,) * len(plan.rows) and set(plan.times) == {None}  # the preferred kernel, untimed
     later = Timings(cache)
     later.request("op", 512, TORCH, fake_measure(times, log))
     assert later.plans()["op"].kernels == (C,) * len(plan.rows)
