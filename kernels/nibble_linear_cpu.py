@@ -41,9 +41,10 @@ SOURCE = TILE + r"""
 #define NRN 2
 #endif
 #define HALF (16 / VW)  /* vectors per nibble half of a chunk */
-/* The in-register tile asks for W's rows this far ahead (two AVX-512 tiles): a 1-row decode then streamed at
-   ~9.5 GB/s from memory on one core of an AMD EPYC, half what it runs at from cache, until it did (1.7x). */
-#define PF 8
+/* The in-register tile asks for W's rows this far ahead: a 1-row decode streamed at ~9.5 GB/s from memory on
+   one core of an AMD EPYC, half what it ran at from cache, until it did (1.7x; 8 and 16 rows ahead were even on
+   SmolLM2's and Llama-3-8B's shapes, 16 a few % ahead on the first). */
+#define PF 16
 
 typedef int vi __attribute__((vector_size(VW * 4)));
 typedef unsigned char u8v __attribute__((vector_size(VW), aligned(1)));
