@@ -22,6 +22,9 @@ SOURCE = TILE + r"""
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
+/* W's rows prefetched this far ahead: without it a 1-row call read 14 GB/s on one core of an AMD EPYC (the lm_head
+   of SmolLM2, 27 MiB); 12-24 rows ahead: 2.3-2.9x there, 1.6x on a 4096-input weight. */
+#define PF 16
 typedef signed char i8v __attribute__((vector_size(VW), aligned(1)));
 typedef int vi __attribute__((vector_size(VW * 4)));
 
@@ -44,6 +47,8 @@ static inline __attribute__((always_inline)) void qtile(const float *x, const si
         for (int n = 0; n < rn; n++) acc[r][n] = (vf){0};
     int k = 0;
     for (; k + VW <= I; k += VW) {
+        if ((k & 63) == 0)  /* once per 64-byte line of each row */
+            for (int n = 0; n < rn; n++) __builtin_prefetch(q + (size_t)(n + PF) * I + k);
         vf wv[RN];
         for (int n = 0; n < rn; n++) wv[n] = widen(q + (size_t)n * I + k);
         for (int r = 0; r < rm; r++) {
