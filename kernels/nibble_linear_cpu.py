@@ -158,7 +158,7 @@ static int nrows(const float *x, const unsigned char *q, const float *sc, const 
                 const int rn = o1 - o < RN ? o1 - o : RN;
                 dequant_rows(q + (size_t)o * (I / 2), sc + (size_t)o * G, of + (size_t)o * G, wb, K, rn, I, G, gs, k0 / gs, K);
                 for (int m = m0; m < m1; m += RM)
-                    any_tile(x + (size_t)m * I + k0, I, wb, K, y + (size_t)m * O + o, O, K, k0 > 0, m1 - m < RM ? m1 - m : RM, rn);
+                    any_tile(x + (size_t)m * I + k0, I, wb, K, y + (size_t)m * O + o, O, K, k0 > 0, 0, m1 - m < RM ? m1 - m : RM, rn);
             }
         }
     }
