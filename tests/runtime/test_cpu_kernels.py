@@ -66,7 +66,7 @@ def test_int4_models_prefer_the_4_bit_kernel_and_say_what_torch_s_path_holds(tin
     llm = make_llm(tiny_int4_dir, max_num_batched_tokens=32)
     err = capsys.readouterr().err
     assert {p for op, _, p in timings.requests if "4-bit" in op} == {C}
-    assert "runtime: int4/int3 Linears on torch's path dequantize into one 0.1 MiB scratch buffer" in err
+    assert "runtime: Linears held in 4 or 8 bits dequantize into one 0.1 MiB scratch buffer where torch's or our fp32 GEMM runs them" in err
     assert llm.runner.cpu_kernels.linears.scratch_bytes() == 4 * 256 * 64  # gate and up joined: 256x64 fp32
 
 
