@@ -56,7 +56,7 @@ class CpuKernels:
     attention: Plan | None  # None: decode attention always takes torch's path (no C kernel, or a sliding window)
     measured: int  # buckets timed at this start (the others came from the cache)
     skipped: int  # buckets left untimed (budget spent, or too noisy): they take the nearest timed bucket's choice
-    seconds: float
+    seconds: float  # spent timing at this start (not the swap, which takes longer for an 8B model)
     attention_fallback: str = FALLBACK  # why attention is None
     norms: tuple[list[CpuRMSNorm], Plan] | None = None  # the swapped RMSNorms and their plan (None: none swapped)
     rope: Plan | None = None  # None: q and k are rotated by torch's ops
@@ -98,7 +98,7 @@ class CpuKernels:
 
 def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = None) -> CpuKernels:
     """Swap model's Linears and choose every kernel per row count, timing what ``timings`` (the cache) lacks."""
-    start, timings = time.monotonic(), timings or Timings()
+    timings = timings or Timings()
     linears = cpu_linears(model, config.cpu_lm_head, config.cpu_int8_activations)
     # The groups hold the q/k/v and gate/up about to be joined: dropped first, each block's parts are freed as it
     # is joined (an 8B int4 model otherwise held every part and every joined copy at once: +2.3 GiB at the peak).
@@ -121,12 +121,14 @@ def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = Non
     rope = rope_cpu.load() is not None and config.torch_dtype == torch.float32
     if rope:
         timings.request(rope_op(cfg), config.max_num_batched_tokens, TORCH, lambda rows: time_candidates(rope_candidates(cfg, rows)))
+    start = time.monotonic()
     plans = timings.plans()
+    seconds = time.monotonic() - start  # the timing alone (the swap of an 8B model's Linears takes longer)
     for g in linears.groups:
         g.apply(plans[g.op])
     for norm in norms:
         norm.use_c = plans[norm_op(width)].table()
     timings.save()
     attention_plan = plans[attention_op(cfg, config.block_size)] if attention else None
-    return CpuKernels(linears, attention_plan, timings.measured, timings.skipped, time.monotonic() - start, why,
+    return CpuKernels(linears, attention_plan, timings.measured, timings.skipped, seconds, why,
                       (norms, plans[norm_op(width)]) if norms else None, plans[rope_op(cfg)] if rope else None)
