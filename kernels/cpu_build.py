@@ -50,6 +50,13 @@ static inline float hsum(vf v) {
 }
 
 int vector_width(void) { return VW; }  /* floats per vector in this build (tests, reports) */
+
+/* Ask for the line at p in each of rows ahead .. ahead + rn - 1 past p's row, rows stride bytes apart. A kernel
+   walking a few short weight rows side by side makes short streams that the hardware prefetchers pick up late
+   (docs/kernels.md, "Prefetching"); a prefetch never faults, so rows past the matrix's end cost nothing. */
+static inline void prefetch_rows(const void *p, size_t stride, int rn, int ahead) {
+    for (int n = 0; n < rn; n++) __builtin_prefetch((const char *)p + (size_t)(n + ahead) * stride);
+}
 """
 
 

@@ -47,8 +47,7 @@ static inline __attribute__((always_inline)) void qtile(const float *x, const si
         for (int n = 0; n < rn; n++) acc[r][n] = (vf){0};
     int k = 0;
     for (; k + VW <= I; k += VW) {
-        if ((k & 63) == 0)  /* once per 64-byte line of each row */
-            for (int n = 0; n < rn; n++) __builtin_prefetch(q + (size_t)(n + PF) * I + k);
+        if ((k & 63) == 0) prefetch_rows(q + k, I, rn, PF);  /* once per 64-byte line of each row */
         vf wv[RN];
         for (int n = 0; n < rn; n++) wv[n] = widen(q + (size_t)n * I + k);
         for (int r = 0; r < rm; r++) {

@@ -43,8 +43,7 @@ static inline __attribute__((always_inline)) void tile(const float *x, int xs, c
         for (int n = 0; n < rn; n++) acc[r][n] = (vf){0};
     int k = 0;
     for (; k + VW <= K; k += VW) {
-        if (rm > 1 && pf && (k & 15) == 0)
-            for (int n = 0; n < rn; n++) __builtin_prefetch(w + (size_t)(n + pf) * ws + k);
+        if (rm > 1 && pf && (k & 15) == 0) prefetch_rows(w + k, sizeof(float) * ws, rn, pf);
         vf wv[RN];
         for (int n = 0; n < rn; n++) wv[n] = *(const vfu *)(w + (size_t)n * ws + k);
         for (int r = 0; r < rm; r++) {
@@ -68,6 +67,20 @@ static void any_tile(const float *x, int xs, const float *w, int ws, float *y, i
     switch (rm * 8 + rn) { CASES(1) CASES(2) CASES(3) CASES(4) }
 }
 
+/* Inputs per block when x [M, I] is cut along I: all of them where x fits XBLOCK, else even blocks of about KC
+   (a short last block would pay a tile's sums and y's read and write for a few inputs), rounded up to unit
+   (whole vectors, or whole groups of a quantized W). */
+static inline int block_inputs(int M, int I, int unit) {
+    const int blocks = (size_t)M * I <= XBLOCK ? 1 : (I + KC - 1) / KC;
+    return ((I + blocks - 1) / blocks + unit - 1) / unit * unit;
+}
+
+/* Rows of x per block of kc inputs: as many as fit XBLOCK, in whole tiles. */
+static inline int block_rows(int kc) {
+    const int mc = XBLOCK / kc;
+    return mc < RM ? RM : mc - mc % RM;
+}
+
 /* Whole RN-row blocks of W to each thread, a contiguous share: [o0, o1) of O for thread t. */
 static inline void share(int O, int rn, int t, int threads, int *o0, int *o1) {
     const int blocks = (O + rn - 1) / rn;
@@ -86,10 +99,7 @@ SOURCE = TILE + r"""
 /* y[:, o0:o1] of y [M, O] = x [M, I] @ w [O, I]^T. */
 static void rows(const float *x, const float *w, float *y, int M, int O, int I, int o0, int o1) {
     const int pf = I <= PF_MAX_I ? PF_ROWS : 0;
-    const int blocks = (size_t)M * I <= XBLOCK ? 1 : (I + KC - 1) / KC;
-    const int kc = ((I + blocks - 1) / blocks + VW - 1) / VW * VW;  /* even blocks, whole vectors */
-    int mc = XBLOCK / kc;
-    mc = mc < RM ? RM : mc - mc % RM;
+    const int kc = block_inputs(M, I, VW), mc = block_rows(kc);
     for (int k0 = 0; k0 < I; k0 += kc) {
         const int K = I - k0 < kc ? I - k0 : kc;
         for (int m0 = 0; m0 < M; m0 += mc) {

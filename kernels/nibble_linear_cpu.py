@@ -62,7 +62,8 @@ static inline vi widen(const unsigned char *p) {
 
 /* A group's dequantization (scale s, offset o) as one piece() needs it. AVX-512: its 16 values q * s + o in a
    register, looked up by the codes (vpermps reads an index's low 4 bits only, so the low nibbles need no mask):
-   two ops a vector of weights instead of mask or shift, convert and multiply-add. */
+   one or two ops a vector of weights (a shift for the high nibbles, the lookup) instead of three, mask or shift,
+   convert, multiply-add. */
 #if VW == 16
 typedef vf deq;
 static inline deq deq_of(float s, float o) {
@@ -107,8 +108,7 @@ static inline __attribute__((always_inline)) void ntile(const float *x, const un
         deq d[NRN];
         for (int n = 0; n < rn; n++) d[n] = deq_of(sc[(size_t)n * G + g], of[(size_t)n * G + g]);
         for (int k = g * gs; k < (g + 1) * gs; k += 32) {
-            if ((k & 127) == 0)  /* once per 64-byte line of each row */
-                for (int n = 0; n < rn; n++) __builtin_prefetch(q + (size_t)(n + PF) * (I / 2) + k / 2);
+            if ((k & 127) == 0) prefetch_rows(q + k / 2, I / 2, rn, PF);  /* once per 64-byte line of each row */
             for (int v = 0; v < 32 / VW; v++) {
                 vf wv[NRN];
                 for (int n = 0; n < rn; n++) wv[n] = piece(q + (size_t)n * (I / 2) + k / 2, v, d[n]);
@@ -131,8 +131,8 @@ static void any_ntile(const float *x, const unsigned char *q, const float *sc, c
 }
 
 /* y[:, o0:o1] of y [M, O] = x [M, I] @ dequant(W)^T. Up to RM rows: the in-register tile. More: each block
-   of RN rows x KC inputs of W is dequantized once into wb (L1) and the fp32 tile runs over it for every row
-   of x, so the dequantization is paid once per call, not once per RM rows (blocks as in linear_cpu). */
+   of RN rows x one block of inputs of W (block_inputs) is dequantized once into wb and the fp32 tile runs over
+   it for every row of x, so the dequantization is paid once per call, not once per RM rows. */
 static int nrows(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
                  int M, int O, int I, int G, int o0, int o1) {
     const int gs = I / G;
@@ -142,12 +142,7 @@ static int nrows(const float *x, const unsigned char *q, const float *sc, const 
                       M, o1 - o < NRN ? o1 - o : NRN);
         return 0;
     }
-    /* K blocks as linear_cpu's (one where x fits XBLOCK, else even ones of about KC), in whole groups: a short
-       last block would pay a tile's sums and y's read and write for a few inputs */
-    const int blocks = (size_t)M * I <= XBLOCK ? 1 : (I + KC - 1) / KC;
-    const int kc = ((I + blocks - 1) / blocks + gs - 1) / gs * gs;
-    int mc = XBLOCK / kc;
-    mc = mc < RM ? RM : mc - mc % RM;
+    const int kc = block_inputs(M, I, gs), mc = block_rows(kc);  /* linear_cpu's blocks, in whole groups */
     float *wb = malloc(sizeof(float) * RN * kc);
     if (!wb) return 1;
     for (int k0 = 0; k0 < I; k0 += kc) {

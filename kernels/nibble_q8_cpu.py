@@ -111,8 +111,7 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
     /* d holds 8 lanes per block of 64 */
     for (int b = 0; b < P; b++) {
         const int g = b * 64 / gs;
-        if ((b & 1) == 0)  /* once per 64-byte line of each row: W's rows QPF ahead (see nibble_linear_cpu's PF) */
-            for (int n = 0; n < rn; n++) __builtin_prefetch(q + (size_t)(n + QPF) * (I / 2) + 32 * b);
+        if ((b & 1) == 0) prefetch_rows(q + 32 * b, I / 2, rn, QPF);  /* once per 64-byte line of each row */
         for (int n = 0; n < rn; n++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + (size_t)n * (I / 2) + 32 * b));
             const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
