@@ -14,7 +14,7 @@ import functools
 
 import torch
 
-from compress.kernels import cpu_build
+from compress.kernels import cpu_build, panel_cpu
 from compress.kernels.checks import check_bias
 from compress.kernels.linear_cpu import TILE
 
@@ -83,6 +83,27 @@ void linear(const float *x, const signed char *q, const float *s, float *y, int 
                           M - m < RM ? M - m : RM, o1 - o < RN ? o1 - o : RN);
     }
 }
+""" + panel_cpu.PANEL + r"""
+struct wsrc { const signed char *q; const float *s; int I; };
+
+/* panel_cpu's panels straight from the codes: VW rows at a time scaled into spare, then put in place. */
+static void pack(const struct wsrc *w, int o, int nn, int k0, int K, float *panel, float *spare) {
+    for (int n = 0; n < nn; n += VW) {
+        const int cnt = nn - n < VW ? nn - n : VW;
+        for (int j = 0; j < cnt; j++) {
+            const signed char *q = w->q + (size_t)(o + n + j) * w->I + k0;
+            const float s = w->s[o + n + j];
+            for (int k = 0; k < K; k++) spare[(size_t)j * K + k] = s * q[k];
+        }
+        put_rows(spare, K, n, cnt, K, panel);
+    }
+    pad(nn, K, panel);
+}
+
+int panel(const float *x, const signed char *q, const float *s, float *y, int M, int O, int I, int threads) {
+    const struct wsrc w = {q, s, I};
+    return panel_linear(x, &w, y, M, O, I, PK, threads);
+}
 """
 
 Packed = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [O, I], scale fp32 [O])
@@ -91,7 +112,8 @@ Packed = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [O, I], scale fp32 [O]
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
-    return cpu_build.load("int8_rows", SOURCE, {"linear": ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, None)})
+    return cpu_build.load("int8_rows", SOURCE, {"linear": ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, None),
+                                                "panel": ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, ctypes.c_int)})
 
 
 def supports(weight: torch.Tensor) -> bool:
@@ -149,3 +171,11 @@ def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None)
     if bias is not None:
         y += bias
     return y
+
+
+def panel(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``unchecked`` by ``panel_cpu``'s GEMM over panels dequantized per call (for many rows; no dense copy)."""
+    codes, scale = packed
+    return panel_cpu.call(lambda lib, x, y, rows: lib.panel(x.data_ptr(), codes.data_ptr(), scale.data_ptr(), y.data_ptr(), rows,
+                                                            *codes.shape, torch.get_num_threads()),
+                          load(), x, *codes.shape, bias)

@@ -22,7 +22,7 @@ import functools
 
 import torch
 
-from compress.kernels import cpu_build
+from compress.kernels import cpu_build, panel_cpu
 from compress.kernels.checks import check_bias
 from compress.kernels.linear_cpu import TILE
 
@@ -181,6 +181,28 @@ void dequantize(const unsigned char *q, const float *sc, const float *of, float 
     for (int o = 0; o < O; o++)
         dequant_rows(q + (size_t)o * (I / 2), sc + (size_t)o * G, of + (size_t)o * G, w + (size_t)o * I, I, 1, I, G, I / G, 0, I);
 }
+""" + panel_cpu.PANEL + r"""
+struct wsrc { const unsigned char *q; const float *sc, *of; int I, G; };
+
+/* panel_cpu's panels straight from the codes: VW rows at a time dequantized into spare, then put in place. */
+static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *panel, float *spare) {
+    const int gs = s->I / s->G;
+    for (int n = 0; n < nn; n += VW) {
+        const int cnt = nn - n < VW ? nn - n : VW;
+        const size_t row = (size_t)(o + n);
+        dequant_rows(s->q + row * (s->I / 2), s->sc + row * s->G, s->of + row * s->G, spare, K, cnt, s->I, s->G, gs, k0 / gs, K);
+        put_rows(spare, K, n, cnt, K, panel);
+    }
+    pad(nn, K, panel);
+}
+
+/* y [M, O] = x [M, I] @ dequant(W)^T over panels of whole groups. */
+int panel(const float *x, const unsigned char *q, const float *sc, const float *of, float *y, int M, int O, int I, int G,
+          int threads) {
+    const struct wsrc s = {q, sc, of, I, G};
+    const int gs = I / G;
+    return panel_linear(x, &s, y, M, O, I, gs > PK ? gs : PK / gs * gs, threads);
+}
 """
 
 
@@ -190,6 +212,7 @@ def load() -> ctypes.CDLL | None:
     return cpu_build.load("nibble_linear", SOURCE, {
         "linear": ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int),
         "dequantize": ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, None),
+        "panel": ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int),
     })
 
 
@@ -242,6 +265,16 @@ def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None)
     """``linear`` without its checks, for a caller that made sure once that they pass and that the
     packed tensors are contiguous (the runtime's Linears)."""
     return call(load(), x, packed, bias, "its dequantized weight block")
+
+
+def panel(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``unchecked`` by ``panel_cpu``'s GEMM over panels dequantized per call (for many rows; no dense copy)."""
+    codes, scales, offsets = packed
+    out_features, in_features = codes.shape[0], 2 * codes.shape[1]
+    return panel_cpu.call(lambda lib, x, y, rows: lib.panel(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
+                                                            y.data_ptr(), rows, out_features, in_features, scales.shape[1],
+                                                            torch.get_num_threads()),
+                          load(), x, out_features, in_features, bias)
 
 
 def call(lib, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None, buffer: str) -> torch.Tensor:

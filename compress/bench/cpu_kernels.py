@@ -9,10 +9,11 @@ Prints the host (CPU, vector extensions, threads, how the C kernels were built),
   of the same (``compress/runtime/cpu_kernels.py``).
 - per Linear shape, fp32 and int4 g64: torch's time / the C kernel's at each row bucket the engine
   times at start (``compress/runtime/kernel_choice.py``, made afresh here, not read from the cache),
-  with the kernel the engine chooses (C or t; as the engine, a kernel other than the preferred one
-  must win two timings, ``kernel_choice.confirmed``). For int4 the engine's candidates are the 4-bit C
-  GEMM, dequantize-into-scratch + torch's GEMM ("t") and dequantize-into-scratch + our fp32 C GEMM
-  ("f"); the ratio is torch's path over the 4-bit GEMM.
+  with the kernel the engine chooses (C, t or p; as the engine, a kernel other than the preferred one
+  must win two timings, ``kernel_choice.confirmed``). fp32's candidates are our C GEMM, torch's ("t")
+  and the panel GEMM ("p", ``kernels/panel_cpu.py``); int4's the 4-bit C GEMM, dequantize-into-scratch
+  + torch's GEMM ("t") and the panel GEMM dequantizing into its panels ("p"); the ratio is torch's
+  path over C.
 - the check: every row count from 1 to --max-rows that the buckets and their midpoints give, timed
   again (a second, independent pass): torch's fp32 GEMM on the dense weight against the kernel the
   engine runs at that row count; the worst ratio per shape (the target: >= 0.95 for fp32; a ratio
@@ -42,7 +43,7 @@ from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_kernels import decode_candidates
 from compress.runtime.cpu_linears import ROTATION_BYTES, SLICE_MIN, CpuLinear, Group, NibbleLinear, Scratch, candidates, use_plan
-from compress.runtime.kernel_choice import C, C_FP32, TORCH, Plan, buckets, confirmed, decide, time_candidates
+from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan, buckets, confirmed, decide, time_candidates
 
 # (out, in, how many in the model): q/o, k/v, gate/up, down, lm_head; "-joined": as the engine runs them, q/k/v and
 # gate/up joined into one Linear each (runtime/cpu_fusion.py)
@@ -54,7 +55,7 @@ SHAPES = {
 LAYERS, HEADS, KV_HEADS, HEAD_DIM, BLOCK = 30, 9, 3, 64, 16  # SmolLM2-135M's attention
 GROUP = 64  # int4 group size
 STEP_BYTES = 2 << 30  # the whole-step table holds every Linear of the model in fp32: only up to this
-LETTERS = {C: "C", TORCH: "t", C_FP32: "f"}  # the choice in a table cell
+LETTERS = {C: "C", TORCH: "t", PANEL: "p"}  # the choice in a table cell
 
 
 def host() -> str:

@@ -83,7 +83,7 @@ class CpuKernels:
         out += [g.describe() for g in self.linears.groups]
         if scratch := self.linears.scratch_bytes():
             out.append(f"Linears held in 4 or 8 bits dequantize into one {scratch / 2**20:.1f} MiB scratch buffer "
-                       "where torch's or our fp32 GEMM runs them")
+                       "where torch's GEMM runs them")
         if self.linears.dequantized:
             out.append(f"{self.linears.dequantized} int4/int3 Linears dequantized once (no 4-bit CPU kernel for them here)")
         if not self.linears.groups:

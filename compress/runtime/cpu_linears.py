@@ -1,15 +1,17 @@
 """The CPU path's Linears: each Linear and int4/int3 PackedLinear swapped at engine start for one that
-runs, per call, the kernel measured fastest at its row count (``kernel_choice``): our C GEMM or torch's.
+runs, per call, the kernel measured fastest at its row count (``kernel_choice``): our C GEMM, our panel
+GEMM (``kernels/panel_cpu.py``: W packed per call, for many rows) or torch's.
 
 Memory each holds:
-- fp32 (``CpuLinear``): the Linear's own weight ``[O, I]``, which both kernels read as it is
-  (``kernels/linear_cpu.py``): nothing is copied, and a tied lm_head shares the embedding's table.
+- fp32 (``CpuLinear``): the Linear's own weight ``[O, I]``, which every kernel reads as it is
+  (``kernels/linear_cpu.py``; the panel GEMM copies one panel at a time, 64 KiB a thread): nothing is
+  held twice, and a tied lm_head shares the embedding's table.
 - int4/int3 (``NibbleLinear``): the codes as nibbles plus an fp32 scale and offset per group, ~5 bits
-  a weight at g64 (``kernels/nibble_linear_cpu.py``), never a dense copy. Its other two paths dequantize
-  the weight into a ``Scratch`` buffer on every call (amortized where they win: many rows), then run
-  torch's GEMM or our fp32 one over it, whichever is faster on this host; one buffer serves every
-  NibbleLinear, as large as the largest dense weight among those that take such a path at some row
-  count, allocated at the first such call.
+  a weight at g64 (``kernels/nibble_linear_cpu.py``), never a dense copy. Its panel path dequantizes
+  straight into the panel GEMM's panels, one at a time; its torch path dequantizes the weight into a
+  ``Scratch`` buffer on every call (amortized where it wins: many rows) and runs torch's GEMM over it;
+  one buffer serves every held Linear, as large as the largest dense weight among those whose plan
+  runs torch at some row count, allocated at the first such call.
 - int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
   path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``).
 - an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
@@ -26,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu
+from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, panel_cpu
 from compress.quant.linear import PackedLinear
-from compress.runtime.kernel_choice import C, C_FP32, TORCH, Plan
+from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan
 
 # A timing pass streams at least this many fp32-equivalent weight bytes where they fit (distinct
 # weights, past any L2, as a step streams them), and does at most PASS_FLOPS of work, cutting a large
@@ -47,7 +49,8 @@ def _use_c(table: list[bool], rows: int) -> bool:
 
 
 class CpuLinear(nn.Module):
-    """An fp32 Linear that runs the C GEMM or torch's per its row count (``use_c[rows]``), over one weight."""
+    """An fp32 Linear that runs the C GEMM, the panel GEMM or torch's per its row count (``use_c[rows]``,
+    ``use_panel[rows]``), over one weight."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
         super().__init__()
@@ -56,10 +59,14 @@ class CpuLinear(nn.Module):
             nn.Parameter(weight.detach().contiguous(), requires_grad=False)
         self.bias = _bias(bias)
         self.use_c = [False]  # set from the Plan of its shape
+        self.use_panel = [False]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if _use_c(self.use_c, x.numel() // self.in_features):
+        rows = x.numel() // self.in_features
+        if _use_c(self.use_c, rows):
             return linear_cpu.unchecked(x, self.weight, self.bias)
+        if _use_c(self.use_panel, rows):
+            return panel_cpu.unchecked(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -76,11 +83,12 @@ class Scratch:
 
 
 class HeldLinear(nn.Module):
-    """A Linear whose weight is held compressed (``packed``): the C ``kernel`` over it, or per its row count
-    ``dequantize`` into the shared Scratch and torch's GEMM or our fp32 one (``dense_c[rows]``)."""
+    """A Linear whose weight is held compressed (``packed``): per its row count the C ``kernel`` over it
+    (``use_c[rows]``), the ``panel`` GEMM dequantizing into its panels (``use_panel[rows]``), or ``dequantize``
+    into the shared Scratch and torch's GEMM."""
 
     # Subclasses name the kernel module's functions as properties, looked up at each call (tests replace them):
-    # kernel (x, packed, bias) -> y, dequantize (packed, out buffer) -> weight [O, I] fp32.
+    # kernel and panel (x, packed, bias) -> y, dequantize (packed, out buffer) -> weight [O, I] fp32.
 
     def __init__(self, packed: dict[str, torch.Tensor], out_features: int, in_features: int, bias: torch.Tensor | None,
                  scratch: Scratch):
@@ -93,7 +101,7 @@ class HeldLinear(nn.Module):
         self.bias = _bias(bias)
         self.scratch = scratch
         self.use_c = [True]
-        self.dense_c = [False]
+        self.use_panel = [False]
 
     @property
     def packed(self) -> tuple:
@@ -103,8 +111,10 @@ class HeldLinear(nn.Module):
         rows = x.numel() // self.in_features
         if _use_c(self.use_c, rows):
             return self.kernel(x, self.packed, self.bias)
+        if _use_c(self.use_panel, rows):
+            return self.panel(x, self.packed, self.bias)
         weight = self.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features))  # [O, I]
-        return linear_cpu.unchecked(x, weight, self.bias) if _use_c(self.dense_c, rows) else F.linear(x, weight, self.bias)
+        return F.linear(x, weight, self.bias)
 
 
 class NibbleLinear(HeldLinear):
@@ -133,6 +143,10 @@ class NibbleLinear(HeldLinear):
         return nibble_q8_cpu.unchecked if self.int8_activations else nibble_linear_cpu.unchecked
 
     @property
+    def panel(self) -> Callable:
+        return nibble_linear_cpu.panel
+
+    @property
     def dequantize(self) -> Callable:
         return nibble_linear_cpu.dequantize
 
@@ -147,6 +161,10 @@ class Int8Linear(HeldLinear):
     @property
     def kernel(self) -> Callable:
         return int8_rows_cpu.unchecked
+
+    @property
+    def panel(self) -> Callable:
+        return int8_rows_cpu.panel
 
     @property
     def dequantize(self) -> Callable:
@@ -220,9 +238,9 @@ class Swapped:
     joins: int = 0  # q/k/v and gate/up projections joined into one Linear each (runtime/cpu_fusion.py)
 
     def scratch_bytes(self) -> int:
-        """The most a Scratch holds: the largest dense weight of a HeldLinear whose plan dequantizes somewhere."""
+        """The most a Scratch holds: the largest dense weight of a HeldLinear whose plan runs torch somewhere."""
         sizes = [4 * g.modules[0].out_features * g.modules[0].in_features for g in self.groups
-                 if isinstance(g.modules[0], HeldLinear) and set(g.plan.kernels) - {C}]
+                 if isinstance(g.modules[0], HeldLinear) and TORCH in g.plan.choices()]
         return max(sizes, default=0)
 
 
@@ -238,23 +256,23 @@ def use_plan(m: nn.Module, plan: Plan) -> None:
     """Set a swapped Linear's kernel per row count from its group's plan."""
     choices = plan.choices()
     m.use_c = [k == C for k in choices]
-    if isinstance(m, HeldLinear):
-        m.dense_c = [k == C_FP32 for k in choices]
+    m.use_panel = [k == PANEL for k in choices]
 
 
 def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
-    """The C kernel and torch's, each a pass over the group's weights (see rotation) at `rows` rows; for
-    held weights also our fp32 GEMM over the dequantized scratch."""
+    """The C kernel, the panel GEMM and torch's (over the dequantized scratch, for held weights), each a pass
+    over the group's weights (see rotation) at `rows` rows."""
     first = group.modules[0]
     out_features, in_features = first.out_features, first.in_features
     x = torch.randn(rows, in_features)
     if isinstance(first, CpuLinear):
         weights = rotation([m.weight.detach() for m in group.modules], out_features, in_features, rows, lambda w, k: w[:k])
-        return {C: lambda: [linear_cpu.unchecked(x, w) for w in weights], TORCH: lambda: [F.linear(x, w) for w in weights]}
+        return {C: lambda: [linear_cpu.unchecked(x, w) for w in weights], TORCH: lambda: [F.linear(x, w) for w in weights],
+                PANEL: lambda: [panel_cpu.unchecked(x, w) for w in weights]}
     packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
     scratch = torch.empty(packs[0][0].shape[0] * in_features)
     return {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs],
-            C_FP32: lambda: [linear_cpu.unchecked(x, first.dequantize(p, scratch)) for p in packs]}
+            PANEL: lambda: [first.panel(x, p) for p in packs]}
 
 
 def group_modules(modules: list[nn.Module]) -> list[Group]:

@@ -1,6 +1,6 @@
-"""Which kernel runs an op at each row count on CPU: our C kernel or torch's (for a held int4/int3 or
-int8 weight also our fp32 GEMM over its dequantized copy), chosen by timing them at engine start on
-the model's own shapes, not assumed (docs/runtime.md, "Kernels chosen by measurement").
+"""Which kernel runs an op at each row count on CPU: our C kernel, torch's, or (for Linears) our panel GEMM
+over W packed per call, chosen by timing them at engine start on the model's own shapes, not assumed
+(docs/runtime.md, "Kernels chosen by measurement").
 
 An op (a Linear shape, decode attention) is timed at a few row counts, ``buckets``, spaced at most
 1.5x apart up to the most the engine runs; a row count between two buckets takes the choice of the
@@ -32,12 +32,13 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.kernels import cpu_build, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu
+from compress.kernels import (cpu_build, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu,
+                              panel_cpu)
 
 C, TORCH = "C", "torch"
-# A held (int4/int3, int8) weight's third path: dequantized into the scratch copy, then our fp32 C GEMM (on a host
-# where it beats torch's GEMM, torch's path would lose that lead at the row counts where the scratch pays)
-C_FP32 = "C fp32"
+# A Linear's third path (kernels/panel_cpu.py): W copied, or a held weight dequantized, into panels per call for an
+# outer-product GEMM; pays its copy back at many rows, where the C kernel's dot products lose to torch's GEMM
+PANEL = "C panel"
 REPEATS = 5
 MARGIN = 0.03  # a lead this small is within the noise (one kernel against itself: 0.94-1.0, docs/results/speed.md)
 NOISE = 0.10  # a fastest pass not repeated within this: too busy a machine to time
@@ -168,8 +169,8 @@ def coarse_first(n: int) -> list[int]:
 def host_key() -> str:
     """What a timing depends on besides the op: CPU, torch, threads, the kernels as built and the candidates' names
     (a cache from before a candidate was added is timed afresh)."""
-    sources = [C, TORCH, C_FP32, cpu_build.PREAMBLE, linear_cpu.SOURCE, nibble_linear_cpu.SOURCE, nibble_q8_cpu.SOURCE,
-               int8_rows_cpu.SOURCE, paged_attention_cpu.SOURCE, *cpu_build.flags()]
+    sources = [C, TORCH, PANEL, cpu_build.PREAMBLE, linear_cpu.SOURCE, nibble_linear_cpu.SOURCE, nibble_q8_cpu.SOURCE,
+               int8_rows_cpu.SOURCE, paged_attention_cpu.SOURCE, panel_cpu.SOURCE, *cpu_build.flags()]
     parts = [cpu_build.machine(), torch.__version__, str(torch.get_num_threads()), *sources]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 

@@ -7,7 +7,7 @@ from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu,
 from compress.model.config import ModelConfig
 from compress.runtime import SamplingParams, cpu_kernels, cpu_linears, model_runner
 from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, candidates, rotation
-from compress.runtime.kernel_choice import C, C_FP32, TORCH, Plan, buckets
+from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan, buckets
 from tests.runtime.conftest import make_llm
 
 needs_kernels = pytest.mark.skipif(None in (linear_cpu.load(), nibble_linear_cpu.load(), paged_attention_cpu.load(), rms_norm_cpu.load(),
@@ -66,7 +66,7 @@ def test_int4_models_prefer_the_4_bit_kernel_and_say_what_torch_s_path_holds(tin
     llm = make_llm(tiny_int4_dir, max_num_batched_tokens=32)
     err = capsys.readouterr().err
     assert {p for op, _, p in timings.requests if "4-bit" in op} == {C}
-    assert "runtime: Linears held in 4 or 8 bits dequantize into one 0.1 MiB scratch buffer where torch's or our fp32 GEMM runs them" in err
+    assert "runtime: Linears held in 4 or 8 bits dequantize into one 0.1 MiB scratch buffer where torch's GEMM runs them" in err
     assert llm.runner.cpu_kernels.linears.scratch_bytes() == 4 * 256 * 64  # gate and up joined: 256x64 fp32
 
 
@@ -93,12 +93,12 @@ def test_a_timing_pass_streams_distinct_weights_and_cuts_large_ones(monkeypatch)
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 7])
-def test_both_candidates_of_a_timing_do_the_same_work(rows):
+def test_the_candidates_of_a_timing_do_the_same_work(rows):
     g = torch.Generator().manual_seed(0)
     fp32 = Group([CpuLinear(torch.randn(48, 64, generator=g), None) for _ in range(2)])
     scale, zero = torch.rand(48, 2, generator=g), torch.randint(0, 16, (48, 2), generator=g)
     int4 = Group([NibbleLinear.from_codes(torch.randint(0, 16, (48, 64), generator=g, dtype=torch.uint8), scale, zero, None, Scratch())])
-    for group, names in ((fp32, [C, TORCH]), (int4, [C, TORCH, C_FP32])):  # held weights: also our GEMM on the scratch
+    for group, names in ((fp32, [C, TORCH, PANEL]), (int4, [C, TORCH, PANEL])):
         runs = candidates(group, rows)
         assert list(runs) == names
         ys = {name: fn() for name, fn in runs.items()}

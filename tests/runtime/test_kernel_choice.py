@@ -5,7 +5,7 @@ import json
 import pytest
 
 from compress.runtime import kernel_choice
-from compress.runtime.kernel_choice import (C, C_FP32, TORCH, Plan, Timings, buckets, coarse_first, confirmed, decide, plan_of,
+from compress.runtime.kernel_choice import (C, PANEL, TORCH, Plan, Timings, buckets, coarse_first, confirmed, decide, plan_of,
                                            repeated, time_candidates)
 
 
@@ -54,16 +54,16 @@ def test_between_buckets_that_disagree_the_interpolated_ratio_decides():
 
 
 def test_a_third_candidate_is_chosen_and_interpolated_like_the_others():
-    # A held weight's candidates: the 4-bit kernel (C), dequantize + torch, dequantize + our fp32 GEMM (C_FP32).
-    # At 64 rows C_FP32 is fastest; between 32 and 64, each time geometric in the row count: C_FP32 / C goes
-    # 1.2 -> 0.6, torch stays 1.1x C_FP32 (never chosen); C_FP32 leads C by 3% from 32 * 2^0.307 = 39.5 rows.
-    times = ({C: 1.0, TORCH: 4.0, C_FP32: 3.0}, {C: 1.0, TORCH: 1.32, C_FP32: 1.2}, {C: 1.0, TORCH: 0.66, C_FP32: 0.6})
-    plan = Plan((1, 32, 64), (C, C, C_FP32), times, C)
+    # A held weight's candidates: the 4-bit kernel (C), dequantize + torch, the panel GEMM dequantizing into its panels (PANEL).
+    # At 64 rows PANEL is fastest; between 32 and 64, each time geometric in the row count: PANEL / C goes
+    # 1.2 -> 0.6, torch stays 1.1x PANEL (never chosen); PANEL leads C by 3% from 32 * 2^0.307 = 39.5 rows.
+    times = ({C: 1.0, TORCH: 4.0, PANEL: 3.0}, {C: 1.0, TORCH: 1.32, PANEL: 1.2}, {C: 1.0, TORCH: 0.66, PANEL: 0.6})
+    plan = Plan((1, 32, 64), (C, C, PANEL), times, C)
     choices = plan.choices()
-    assert [r for r in range(1, 65) if choices[r] == C_FP32] == list(range(40, 65)) and TORCH not in choices
+    assert [r for r in range(1, 65) if choices[r] == PANEL] == list(range(40, 65)) and TORCH not in choices
     assert plan.table()[39] and not plan.table()[40]  # table(): the 4-bit kernel's rows only
-    assert plan.describe() == "C at 1-39 rows, C fp32 from 40"
-    assert plan_of(kernel_choice.Request("op", [1, 32, 64], C, lambda rows: {}), list(times)).kernels == (C, C, C_FP32)
+    assert plan.describe() == "C at 1-39 rows, C panel from 40"
+    assert plan_of(kernel_choice.Request("op", [1, 32, 64], C, lambda rows: {}), list(times)).kernels == (C, C, PANEL)
 
 
 def test_untimed_buckets_take_the_nearest_timed_choice():

@@ -14,7 +14,7 @@ from compress.runtime.cpu_linears import CpuLinear, NibbleLinear, cpu_linears
 from tests.conftest import save_hf, tiny_hf
 from tests.runtime.conftest import make_llm, random_prompts
 
-real_linear, real_nibble = linear_cpu.unchecked, nibble_linear_cpu.unchecked
+real_linear, real_nibble, real_panel = linear_cpu.unchecked, nibble_linear_cpu.unchecked, nibble_linear_cpu.panel
 
 
 def quantized_dir(tmp_path, tokenizer_dir, method):
@@ -59,16 +59,17 @@ def test_int4_linears_keep_4_bits_and_both_kernels_give_the_same_logits(tmp_path
         assert len(calls) == 2 * 7 and nibbles[0].scratch.buffer.numel() == 0  # the C path needs no scratch
         set_kernel(model, False)
         after_torch = model(ids)
-        dense_calls = []
-        monkeypatch.setattr(linear_cpu, "unchecked", lambda *a: dense_calls.append(a) or real_linear(*a))
+        scratch = nibbles[0].scratch.buffer
+        panel_calls = []
+        monkeypatch.setattr(nibble_linear_cpu, "panel", lambda *a: panel_calls.append(a) or real_panel(*a))
         for m in nibbles:
-            m.dense_c = [True]  # dequantized into the scratch, then our fp32 GEMM
-        after_dense_c = model(ids)
-    assert len(calls) == 2 * 7 and nibbles[0].scratch.buffer.numel() == max(m.out_features * m.in_features for m in nibbles)
-    assert len(dense_calls) == 2 * 7 and all(a[1].data_ptr() == nibbles[0].scratch.buffer.data_ptr() for a in dense_calls)
+            m.use_panel = [True]  # dequantized into the panel GEMM's panels
+        after_panel = model(ids)
+    assert len(calls) == 2 * 7 and scratch.numel() == max(m.out_features * m.in_features for m in nibbles)
+    assert len(panel_calls) == 2 * 7 and nibbles[0].scratch.buffer is scratch  # the panel path takes no scratch
     torch.testing.assert_close(before, after_c, atol=1e-5, rtol=1e-5)  # the C GEMM sums in its own order
     torch.testing.assert_close(before, after_torch, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(before, after_dense_c, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(before, after_panel, atol=1e-5, rtol=1e-5)
 
 
 def test_without_the_4_bit_kernel_int4_linears_are_dequantized_once(tmp_path, smollm2_dir, monkeypatch):

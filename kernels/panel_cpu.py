@@ -1,0 +1,176 @@
+"""y = x W^T (+ b) on CPU, fp32, for many rows: W copied per call into panels laid out for an
+outer-product micro-kernel, the way BLAS libraries run a GEMM. Imports only torch, the standard
+library and the shared checks (torch and triton).
+
+Why: ``linear_cpu``'s tile takes dot products along I (W read as it is, no copy), which is what few
+rows want, but each tile ends in RM x RN horizontal sums per block of inputs: at 128-512 rows over
+576 inputs those sums cost about as much as the multiply-adds, and that kernel ran at half of torch's
+speed there. Here no sum crosses lanes: a panel holds PN outputs by up to PK inputs of W transposed,
+``panel[k][n] = W[o + n, k0 + k]``, and the micro-kernel keeps PM rows x PN outputs of y in registers
+(AVX-512 and NEON: 6 x 4 vectors, 24 accumulators; AVX2: 6 x 2), each step broadcasting one x value
+per row against PN weights. The copy costs one pass over W per call, paid back from ~32-64 rows on
+(the engine times it against the other kernels per row count, ``compress/runtime/kernel_choice.py``).
+
+``PANEL`` is the C driver shared by every weight format: a source that includes it defines
+``struct wsrc`` (where its W lies) and ``pack(w, o, nn, k0, K, panel, spare)``, which writes nn <= PN
+outputs' inputs k0..k0+K into a panel (``spare``: room for VW rows of K floats, to dequantize into). Here W is fp32; ``nibble_linear_cpu``
+dequantizes 4-bit codes and ``int8_rows_cpu`` int8 rows straight into the panel (no dense copy).
+Each thread takes a contiguous share of the outputs, in whole vectors.
+"""
+
+import ctypes
+import functools
+
+import torch
+
+from compress.kernels import cpu_build
+from compress.kernels.checks import check_bias
+
+PANEL = r"""
+#include <stdlib.h>
+#if VW == 16 || defined(__aarch64__)
+#define PV 4
+#else
+#define PV 2
+#endif
+#define PM 6
+#define PN (PV * VW)
+#define PK 256  /* a panel: PK x PN floats, 64 KiB with AVX-512, held in L2 while every row of x passes over it */
+
+struct wsrc;
+static void pack(const struct wsrc *w, int o, int nn, int k0, int K, float *panel, float *spare);
+
+/* panel[k][n + j] = rows[j * rs + k] for j < cnt, k < K: rows of W (or of a dequantized block of them) into panel
+   columns, k outermost so that each write fills a line and the cnt rows are read from L1. */
+static void put_rows(const float *rows, int rs, int n, int cnt, int K, float *panel) {
+    for (int k = 0; k < K; k++)
+        for (int j = 0; j < cnt; j++) panel[(size_t)k * PN + n + j] = rows[(size_t)j * rs + k];
+}
+
+/* Zeros in columns nn.. of the last vector (its lanes past O are computed, never stored: no stale denormals). */
+static void pad(int nn, int K, float *panel) {
+    const int end = (nn + VW - 1) / VW * VW;
+    for (int k = 0; k < K; k++)
+        for (int j = nn; j < end; j++) panel[(size_t)k * PN + j] = 0.f;
+}
+
+/* y[r, :nr] (+)= sum over k < K of x[r, k] * panel[k, :] for r < rm; rows of x are xs floats apart, of y ys. */
+static inline __attribute__((always_inline)) void micro(const float *x, int xs, const float *panel, float *y, int ys,
+                                                        int K, int add, int nr, const int rm, const int nv) {
+    vf acc[PM][PV];
+    for (int r = 0; r < rm; r++)
+        for (int v = 0; v < nv; v++) acc[r][v] = (vf){0};
+    for (int k = 0; k < K; k++) {
+        vf w[PV];
+        for (int v = 0; v < nv; v++) w[v] = *(const vf *)(panel + (size_t)k * PN + v * VW);
+        for (int r = 0; r < rm; r++) {
+            const vf xb = (vf){0} + x[(size_t)r * xs + k];  /* a broadcast */
+            for (int v = 0; v < nv; v++) acc[r][v] += xb * w[v];
+        }
+    }
+    for (int r = 0; r < rm; r++)
+        for (int v = 0; v < nv; v++) {
+            float *out = y + (size_t)r * ys + v * VW;
+            if ((v + 1) * VW <= nr) {
+                *(vfu *)out = add ? *(vfu *)out + acc[r][v] : acc[r][v];
+            } else {  /* the last vector of the outputs, part of it past O */
+                for (int l = 0; l < nr - v * VW; l++) out[l] = add ? out[l] + acc[r][v][l] : acc[r][v][l];
+            }
+        }
+}
+
+#define PCASE(a, b) case a * 8 + b: if (b <= PV) micro(x, xs, panel, y, ys, K, add, nr, a, b); break;
+#define PCASES(a) PCASE(a, 1) PCASE(a, 2) PCASE(a, 3) PCASE(a, 4)
+static void any_micro(const float *x, int xs, const float *panel, float *y, int ys, int K, int add, int nr, int rm) {
+    const int nv = (nr + VW - 1) / VW;
+    switch (rm * 8 + nv) { PCASES(1) PCASES(2) PCASES(3) PCASES(4) PCASES(5) PCASES(6) }
+}
+
+/* y[:, o0:o1] of y [M, O] = x [M, I] @ W^T, one panel at a time over every row of x; inputs in blocks of kc. */
+static int panel_rows(const float *x, const struct wsrc *w, float *y, int M, int O, int I, int kc, int o0, int o1) {
+    float *panel = aligned_alloc(64, sizeof(float) * (size_t)kc * (PN + VW)), *spare = panel + (size_t)kc * PN;
+    if (!panel) return 1;
+    for (int k0 = 0; k0 < I; k0 += kc) {
+        const int K = I - k0 < kc ? I - k0 : kc;
+        for (int o = o0; o < o1; o += PN) {
+            const int nn = o1 - o < PN ? o1 - o : PN;
+            pack(w, o, nn, k0, K, panel, spare);
+            for (int m = 0; m < M; m += PM)
+                any_micro(x + (size_t)m * I + k0, I, panel, y + (size_t)m * O + o, O, K, k0 > 0, nn, M - m < PM ? M - m : PM);
+        }
+    }
+    free(panel);
+    return 0;
+}
+
+/* y [M, O] = x [M, I] @ W^T; kc: inputs per panel (a multiple of the format's group). Nonzero where a panel could
+   not be allocated. */
+static int panel_linear(const float *x, const struct wsrc *w, float *y, int M, int O, int I, int kc, int threads) {
+    const int vectors = (O + VW - 1) / VW;
+    int failed = 0;
+    if (threads > vectors) threads = vectors;
+#pragma omp parallel for num_threads(threads) schedule(static)
+    for (int t = 0; t < threads; t++) {
+        const int o0 = (int)((long)vectors * t / threads) * VW;
+        const int o1 = (int)((long)vectors * (t + 1) / threads) * VW;
+        if (panel_rows(x, w, y, M, O, I, kc, o0, o1 < O ? o1 : O)) failed = 1;
+    }
+    return failed;
+}
+"""
+
+SOURCE = PANEL + r"""
+struct wsrc { const float *w; int I; };
+
+static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *panel, float *spare) {
+    (void)spare;  /* fp32 rows go in as they are */
+    for (int n = 0; n < nn; n += VW)
+        put_rows(s->w + (size_t)(o + n) * s->I + k0, s->I, n, nn - n < VW ? nn - n : VW, K, panel);
+    pad(nn, K, panel);
+}
+
+int linear(const float *x, const float *w, float *y, int M, int O, int I, int threads) {
+    const struct wsrc s = {w, I};
+    return panel_linear(x, &s, y, M, O, I, PK, threads);
+}
+"""
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
+    return cpu_build.load("panel", SOURCE, {"linear": ([ctypes.c_void_p] * 3 + [ctypes.c_int] * 4, ctypes.c_int)})
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """[..., O] = x [..., I] @ weight [O, I]^T (+ bias [O]), fp32 on the CPU, as F.linear."""
+    if weight.dim() != 2 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x {list(x.shape)} and weight {list(weight.shape)} do not make x @ weight^T")
+    if x.dtype != torch.float32 or weight.dtype != torch.float32 or not (x.is_cpu and weight.is_cpu):
+        raise ValueError(f"x and weight must be torch.float32 on the CPU, got {x.dtype} on {x.device} and "
+                         f"{weight.dtype} on {weight.device}")
+    check_bias(bias, weight.shape[0], torch.float32)
+    return unchecked(x, weight.contiguous(), bias)
+
+
+def unchecked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``linear`` without its checks, for a caller that made sure once that they pass and that weight is contiguous."""
+    return call(lambda lib, x, y, rows: lib.linear(x.data_ptr(), weight.data_ptr(), y.data_ptr(), rows, *weight.shape,
+                                                   torch.get_num_threads()),
+                load(), x, weight.shape[0], weight.shape[1], bias)
+
+
+def call(run, lib, x: torch.Tensor, out_features: int, in_features: int, bias: torch.Tensor | None) -> torch.Tensor:
+    """y [..., O] from ``run(lib, x, y, rows)``, a panel kernel's ``linear`` over some weight format (this module's,
+    ``nibble_linear_cpu``'s, ``int8_rows_cpu``'s): the shared allocation, empty cases, bias and error."""
+    x = x if x.is_contiguous() else x.contiguous()
+    y = torch.empty(x.shape[:-1] + (out_features,), dtype=torch.float32)  # [..., O]
+    rows = x.numel() // in_features if in_features else 0
+    if rows and out_features:
+        if run(cpu_build.require(lib), x, y, rows):
+            raise MemoryError(f"the {out_features}x{in_features} panel CPU kernel could not allocate its panel")
+    elif not in_features:  # an empty sum
+        y.zero_()
+    if bias is not None:
+        y += bias
+    return y
