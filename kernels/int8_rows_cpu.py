@@ -102,7 +102,7 @@ static void pack(const struct wsrc *w, int o, int nn, int k0, int K, float *pane
 
 int panel(const float *x, const signed char *q, const float *s, float *y, int M, int O, int I, int threads) {
     const struct wsrc w = {q, s, I};
-    return panel_linear(x, &w, y, M, O, I, PK, threads);
+    return panel_linear(x, &w, y, M, O, I, 1, threads);
 }
 """
 

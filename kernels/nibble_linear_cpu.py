@@ -200,8 +200,7 @@ static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *pane
 int panel(const float *x, const unsigned char *q, const float *sc, const float *of, float *y, int M, int O, int I, int G,
           int threads) {
     const struct wsrc s = {q, sc, of, I, G};
-    const int gs = I / G;
-    return panel_linear(x, &s, y, M, O, I, gs > PK ? gs : PK / gs * gs, threads);
+    return panel_linear(x, &s, y, M, O, I, I / G, threads);
 }
 """
 

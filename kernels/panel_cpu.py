@@ -15,7 +15,7 @@ per row against PN weights. The copy costs one pass over W per call, paid back f
 ``struct wsrc`` (where its W lies) and ``pack(w, o, nn, k0, K, panel, spare)``, which writes nn <= PN
 outputs' inputs k0..k0+K into a panel (``spare``: room for VW rows of K floats, to dequantize into). Here W is fp32; ``nibble_linear_cpu``
 dequantizes 4-bit codes and ``int8_rows_cpu`` int8 rows straight into the panel (no dense copy).
-Each thread takes a contiguous share of the outputs, in whole vectors.
+Each thread takes a contiguous share of the outputs in whole vectors (of the rows, for a small weight).
 """
 
 import ctypes
@@ -25,6 +25,27 @@ import torch
 
 from compress.kernels import cpu_build
 from compress.kernels.checks import check_bias
+
+
+def _transpose(width: int) -> str:
+    """C for a width x width block of vectors transposed in registers: log2(width) stages, each pairing vectors s
+    apart and swapping their blocks of s lanes, with the shuffles' lane indices written out (constants: one
+    vpermt2ps each with AVX-512; computed in C, GCC built them at run time)."""
+    lines, s = [], width // 2
+    while s:
+        lo = ", ".join(str(width + i - s if i & s else i) for i in range(width))
+        hi = ", ".join(str(width + i if i & s else i + s) for i in range(width))
+        lines.append(f"    {{ const pvi lo = {{{lo}}}, hi = {{{hi}}};\n"
+                     f"      for (int i = 0; i < VW; i++) if (!(i & {s})) {{ const vf a = r[i], b = r[i + {s}];\n"
+                     f"          r[i] = __builtin_shuffle(a, b, lo); r[i + {s}] = __builtin_shuffle(a, b, hi); }} }}")
+        s //= 2
+    return f"#if VW == {width}\n" + "\n".join(lines) + "\n#endif\n"
+
+
+TRANSPOSE = ("typedef int pvi __attribute__((vector_size(VW * 4)));\n"
+             "/* r[0..VW) as a VW x VW block, transposed in registers. */\n"
+             "static inline __attribute__((always_inline)) void transpose(vf r[VW]) {\n"
+             + "".join(_transpose(w) for w in (16, 8, 4)) + "}\n")
 
 PANEL = r"""
 #include <stdlib.h>
@@ -40,10 +61,19 @@ PANEL = r"""
 struct wsrc;
 static void pack(const struct wsrc *w, int o, int nn, int k0, int K, float *panel, float *spare);
 
-/* panel[k][n + j] = rows[j * rs + k] for j < cnt, k < K: rows of W (or of a dequantized block of them) into panel
-   columns, k outermost so that each write fills a line and the cnt rows are read from L1. */
+""" + TRANSPOSE + r"""/* panel[k][n + j] = rows[j * rs + k] for j < cnt, k < K: rows of W (or of a dequantized block of them) into panel
+   columns. VW rows at a time go VW inputs by VW in registers: element by element this copy took ~2 cycles a weight,
+   12 % of a 256-row call over 576 inputs. */
 static void put_rows(const float *rows, int rs, int n, int cnt, int K, float *panel) {
-    for (int k = 0; k < K; k++)
+    int k = 0;
+    if (cnt == VW)
+        for (; k + VW <= K; k += VW) {
+            vf r[VW];
+            for (int j = 0; j < VW; j++) r[j] = *(const vfu *)(rows + (size_t)j * rs + k);
+            transpose(r);
+            for (int j = 0; j < VW; j++) *(vf *)(panel + (size_t)(k + j) * PN + n) = r[j];
+        }
+    for (; k < K; k++)
         for (int j = 0; j < cnt; j++) panel[(size_t)k * PN + n + j] = rows[(size_t)j * rs + k];
 }
 
@@ -103,17 +133,25 @@ static int panel_rows(const float *x, const struct wsrc *w, float *y, int M, int
     return 0;
 }
 
-/* y [M, O] = x [M, I] @ W^T; kc: inputs per panel (a multiple of the format's group). Nonzero where a panel could
-   not be allocated. */
-static int panel_linear(const float *x, const struct wsrc *w, float *y, int M, int O, int I, int kc, int threads) {
-    const int vectors = (O + VW - 1) / VW;
+/* y [M, O] = x [M, I] @ W^T, inputs in even blocks of at most about PK, each a multiple of unit (the format's group):
+   a short last block would pay the micro-kernel's loads and stores of y for a few inputs. Threads share the outputs
+   in whole vectors, or, where that leaves each fewer than ROWS_SPLIT panels (a small weight, or the first rows of
+   one that the engine's timing runs), the rows of x in whole micro-tiles, each thread packing every panel: a thread
+   with two panels re-read x for each and scaled 1.5x on two cores. Nonzero where a panel could not be allocated. */
+#define ROWS_SPLIT 4
+static int panel_linear(const float *x, const struct wsrc *w, float *y, int M, int O, int I, int unit, int threads) {
+    const int blocks = (I + PK - 1) / PK, kc = ((I + blocks - 1) / blocks + unit - 1) / unit * unit;
+    const int vectors = (O + VW - 1) / VW, tiles = (M + PM - 1) / PM;
+    const int by_rows = (O + PN - 1) / PN < ROWS_SPLIT * threads && tiles >= 2 * threads;
+    const int units = by_rows ? tiles : vectors, step = by_rows ? PM : VW;
     int failed = 0;
-    if (threads > vectors) threads = vectors;
+    if (threads > units) threads = units;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++) {
-        const int o0 = (int)((long)vectors * t / threads) * VW;
-        const int o1 = (int)((long)vectors * (t + 1) / threads) * VW;
-        if (panel_rows(x, w, y, M, O, I, kc, o0, o1 < O ? o1 : O)) failed = 1;
+        const int a = (int)((long)units * t / threads) * step, b = (int)((long)units * (t + 1) / threads) * step;
+        if (by_rows ? panel_rows(x + (size_t)a * I, w, y + (size_t)a * O, (b < M ? b : M) - a, O, I, kc, 0, O)
+                    : panel_rows(x, w, y, M, O, I, kc, a, b < O ? b : O))
+            failed = 1;
     }
     return failed;
 }
@@ -131,7 +169,7 @@ static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *pane
 
 int linear(const float *x, const float *w, float *y, int M, int O, int I, int threads) {
     const struct wsrc s = {w, I};
-    return panel_linear(x, &s, y, M, O, I, PK, threads);
+    return panel_linear(x, &s, y, M, O, I, 1, threads);
 }
 """
 

@@ -52,14 +52,17 @@ def test_int8_rows_match_torch_on_the_dequantized_weight_in_each_build(isa, rows
 
 
 @needs_kernel
-def test_threads_share_the_outputs_in_whole_vectors():
+@pytest.mark.parametrize("out_features", [200, 1000])  # few panels a thread: shares of the rows; many: of the outputs
+def test_threads_share_the_outputs_or_the_rows(out_features):
     g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(70, 300, generator=g), torch.randn(200, 300, generator=g)
+    x, w = torch.randn(70, 300, generator=g), torch.randn(out_features, 300, generator=g)
+    codes, scale, zero = random_weight(out_features, 256, 64, 4, seed=1)
     threads = torch.get_num_threads()
     try:
         for n in (2, 3):
             torch.set_num_threads(n)
             assert_matches(kernel.linear(x, w), F.linear(x, w))
+            assert_matches(nibble.panel(x[:, :256], nibble.pack(codes, scale, zero)), reference_linear(x[:, :256], codes, scale, zero, 4))
     finally:
         torch.set_num_threads(threads)
 
