@@ -184,14 +184,31 @@ void dequantize(const unsigned char *q, const float *sc, const float *of, float 
 """ + panel_cpu.PANEL + r"""
 struct wsrc { const unsigned char *q; const float *sc, *of; int I, G; };
 
-/* panel_cpu's panels straight from the codes: VW rows at a time dequantized into spare, then put in place. */
+/* panel_cpu's panels straight from the codes: VW rows at a time, each VW-weight piece of them dequantized in registers
+   (the group's table per row) and transposed into place; a last block of fewer rows goes through spare. */
 static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *panel, float *spare) {
-    const int gs = s->I / s->G;
+    const int gs = s->I / s->G, g0 = k0 / gs;
     for (int n = 0; n < nn; n += VW) {
         const int cnt = nn - n < VW ? nn - n : VW;
         const size_t row = (size_t)(o + n);
-        dequant_rows(s->q + row * (s->I / 2), s->sc + row * s->G, s->of + row * s->G, spare, K, cnt, s->I, s->G, gs, k0 / gs, K);
-        put_rows(spare, K, n, cnt, K, panel);
+        const unsigned char *q = s->q + row * (s->I / 2) + (size_t)k0 / 2;
+        const float *sc = s->sc + row * s->G + g0, *of = s->of + row * s->G + g0;
+        if (cnt < VW) {
+            dequant_rows(q - (size_t)k0 / 2, sc - g0, of - g0, spare, K, cnt, s->I, s->G, gs, g0, K);
+            put_rows(spare, K, n, cnt, K, panel);
+            continue;
+        }
+        for (int g = 0; g < K / gs; g++) {
+            deq d[VW];
+            for (int j = 0; j < VW; j++) d[j] = deq_of(sc[(size_t)j * s->G + g], of[(size_t)j * s->G + g]);
+            for (int k = g * gs; k < (g + 1) * gs; k += 32)
+                for (int v = 0; v < 32 / VW; v++) {
+                    vf r[VW];
+                    for (int j = 0; j < VW; j++) r[j] = piece(q + (size_t)j * (s->I / 2) + k / 2, v, d[j]);
+                    transpose(r);
+                    for (int j = 0; j < VW; j++) *(vf *)(panel + (size_t)(k + v * VW + j) * PN + n) = r[j];
+                }
+        }
     }
     pad(nn, K, panel);
 }
