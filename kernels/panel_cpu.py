@@ -29,23 +29,29 @@ from compress.kernels.checks import check_bias
 
 def _transpose(width: int) -> str:
     """C for a width x width block of vectors transposed in registers: log2(width) stages, each pairing vectors s
-    apart and swapping their blocks of s lanes, with the shuffles' lane indices written out (constants: one
-    vpermt2ps each with AVX-512; computed in C, GCC built them at run time)."""
-    lines, s = [], width // 2
+    apart and swapping their blocks of s lanes, with the shuffles' lane indices written out as constants (one
+    vpermt2ps each with AVX-512; computed in a C loop, GCC built them at run time). ``__builtin_shufflevector``
+    is Clang's and GCC's from 12 on; older GCCs have ``__builtin_shuffle`` with a constant index vector."""
+    stages, s = [], width // 2
     while s:
         lo = ", ".join(str(width + i - s if i & s else i) for i in range(width))
         hi = ", ".join(str(width + i if i & s else i + s) for i in range(width))
-        lines.append(f"    {{ const pvi lo = {{{lo}}}, hi = {{{hi}}};\n"
-                     f"      for (int i = 0; i < VW; i++) if (!(i & {s})) {{ const vf a = r[i], b = r[i + {s}];\n"
-                     f"          r[i] = __builtin_shuffle(a, b, lo); r[i + {s}] = __builtin_shuffle(a, b, hi); }} }}")
+        stages.append(f"    for (int i = 0; i < VW; i++) if (!(i & {s})) {{ const vf a = r[i], b = r[i + {s}];\n"
+                      f"        r[i] = SHUFFLE(a, b, {lo}); r[i + {s}] = SHUFFLE(a, b, {hi}); }}")
         s //= 2
-    return f"#if VW == {width}\n" + "\n".join(lines) + "\n#endif\n"
+    return f"#if VW == {width}\n" + "\n".join(stages) + "\n#endif\n"
 
 
-TRANSPOSE = ("typedef int pvi __attribute__((vector_size(VW * 4)));\n"
-             "/* r[0..VW) as a VW x VW block, transposed in registers. */\n"
-             "static inline __attribute__((always_inline)) void transpose(vf r[VW]) {\n"
-             + "".join(_transpose(w) for w in (16, 8, 4)) + "}\n")
+TRANSPOSE = r"""
+#if defined(__clang__) || __GNUC__ >= 12
+#define SHUFFLE(a, b, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
+#else
+typedef int pvi __attribute__((vector_size(VW * 4)));
+#define SHUFFLE(a, b, ...) __builtin_shuffle(a, b, (pvi){__VA_ARGS__})
+#endif
+/* r[0..VW) as a VW x VW block, transposed in registers. */
+static inline __attribute__((always_inline)) void transpose(vf r[VW]) {
+""" + "".join(_transpose(w) for w in (16, 8, 4)) + "}\n"
 
 PANEL = r"""
 #include <stdlib.h>

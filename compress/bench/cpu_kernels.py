@@ -228,7 +228,7 @@ def main(argv: list[str] | None = None) -> None:
         cells.append(f"{r}: noisy" if ms is None else f"{r}: {ms[TORCH] / ms[C]:.2f} {'C' if decide(ms, TORCH) == C else 't'}")
     print("decode attention per bucket, torch / C and the choice (one layer, up to 256 tokens each): " + ", ".join(cells))
     head = "| Linear (in the model) | " + " | ".join(map(str, row_counts)) + " |\n|---|" + "---:|" * len(row_counts)
-    print(f"\ntorch / C per row count, and the engine's choice (C, t or f), fastest of {args.repeats} interleaved passes\n{head}")
+    print(f"\ntorch / C per row count, and the engine's choice (C, t or p), fastest of {args.repeats} interleaved passes\n{head}")
     gen, made, plans = torch.Generator().manual_seed(2), [], {}
     for out_features, in_features, count in SHAPES[args.shapes]:
         fp32, int4 = groups(out_features, in_features, count, gen)

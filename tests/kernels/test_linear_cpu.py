@@ -17,11 +17,16 @@ needs_kernel = pytest.mark.skipif(kernel.load() is None, reason="no C compiler b
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 13, 64])  # partial tiles, one tile, tiles plus a remainder
 @pytest.mark.parametrize("out_features,in_features", [(36, 96), (29, 100), (7, 17)])  # whole tiles; ragged in both
 def test_matches_torch_in_each_build(isa, rows, out_features, in_features):
+    assert_like_f_linear(kernel.linear, rows, out_features, in_features)
+
+
+def assert_like_f_linear(linear, rows: int, out_features: int, in_features: int) -> None:
+    """linear(x, w, b) and linear(x, w) against F.linear on seeded operands, x [rows, 1, in_features]."""
     g = torch.Generator().manual_seed(rows)
     x, w = torch.randn(rows, 1, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
     b = torch.randn(out_features, generator=g)
-    assert_matches(kernel.linear(x, w, b), F.linear(x, w, b))
-    assert_matches(kernel.linear(x, w), F.linear(x, w))
+    assert_matches(linear(x, w, b), F.linear(x, w, b))
+    assert_matches(linear(x, w), F.linear(x, w))
 
 
 @needs_kernel

@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.kernels.test_linear_cpu import assert_like_f_linear
 from tests.kernels.test_nibble_linear_cpu import random_weight, reference_linear
 from tests.kernels.tolerance import assert_matches
 
@@ -25,11 +26,7 @@ SHAPES = [(128, 96), (40, 96), (29, 100), (7, 600)]
 @pytest.mark.parametrize("rows", ROWS)
 @pytest.mark.parametrize("out_features,in_features", SHAPES)
 def test_fp32_matches_torch_in_each_build(isa, rows, out_features, in_features):
-    g = torch.Generator().manual_seed(rows)
-    x, w = torch.randn(rows, 1, in_features, generator=g), torch.randn(out_features, in_features, generator=g)
-    b = torch.randn(out_features, generator=g)
-    assert_matches(kernel.linear(x, w, b), F.linear(x, w, b))
-    assert_matches(kernel.linear(x, w), F.linear(x, w))
+    assert_like_f_linear(kernel.linear, rows, out_features, in_features)
 
 
 @needs_kernel
