@@ -22,29 +22,20 @@ import functools
 
 import torch
 
-from compress.kernels import cpu_build, panel_cpu
+from compress.kernels import cpu_build
 from compress.kernels.checks import check_bias
 from compress.kernels.linear_cpu import TILE
 
 CHUNK = 32  # codes per 16 bytes
 Packed = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (codes, scales, offsets) as pack() returns them
 
-SOURCE = TILE + r"""
+# The codes' dequantization, shared with nibble_panel_cpu (which dequantizes into panel_cpu's panels).
+NIBBLES = r"""
 #include <stdlib.h>
 #if defined(__AVX2__)
 #include <immintrin.h>
 #endif
-/* The in-register tile: AVX-512 4 x 4 (16 accumulators, 4 weights, 8 scales and offsets); 16 registers: 4 x 2. */
-#if VW == 16 || defined(__aarch64__)
-#define NRN 4
-#else
-#define NRN 2
-#endif
 #define HALF (16 / VW)  /* vectors per nibble half of a chunk */
-/* The in-register tile asks for W's rows this far ahead: a 1-row decode streamed at ~9.5 GB/s from memory on
-   one core of an AMD EPYC, half what it ran at from cache, until it did (1.7x; 8 and 16 rows ahead were even on
-   SmolLM2's and Llama-3-8B's shapes, 16 a few % ahead on the first). */
-#define PF 16
 
 typedef int vi __attribute__((vector_size(VW * 4)));
 typedef unsigned char u8v __attribute__((vector_size(VW), aligned(1)));
@@ -96,6 +87,20 @@ static void dequant_rows(const unsigned char *q, const float *sc, const float *o
                     *(vfu *)(w + (size_t)n * ws + k + v * VW) = piece(q + (size_t)n * (I / 2) + (size_t)g0 * gs / 2 + k / 2, v, d);
         }
 }
+
+"""
+
+SOURCE = TILE + NIBBLES + r"""
+/* The in-register tile: AVX-512 4 x 4 (16 accumulators, 4 weights, 8 scales and offsets); 16 registers: 4 x 2. */
+#if VW == 16 || defined(__aarch64__)
+#define NRN 4
+#else
+#define NRN 2
+#endif
+/* The in-register tile asks for W's rows this far ahead: a 1-row decode streamed at ~9.5 GB/s from memory on
+   one core of an AMD EPYC, half what it ran at from cache, until it did (1.7x; 8 and 16 rows ahead were even on
+   SmolLM2's and Llama-3-8B's shapes, 16 a few % ahead on the first). */
+#define PF 16
 
 /* At most RM rows: y[r, n] = x[r, :] . dequant(w)[n, :], each W vector dequantized in registers once and
    used for every row (nothing written but y). Rows of x are I floats apart, of q I/2 bytes, of sc and of G. */
@@ -181,44 +186,6 @@ void dequantize(const unsigned char *q, const float *sc, const float *of, float 
     for (int o = 0; o < O; o++)
         dequant_rows(q + (size_t)o * (I / 2), sc + (size_t)o * G, of + (size_t)o * G, w + (size_t)o * I, I, 1, I, G, I / G, 0, I);
 }
-""" + panel_cpu.PANEL + r"""
-struct wsrc { const unsigned char *q; const float *sc, *of; int I, G; };
-
-/* panel_cpu's panels straight from the codes: VW rows at a time, each VW-weight piece of them dequantized in registers
-   (the group's table per row) and transposed into place; a last block of fewer rows goes through spare. */
-static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *panel, float *spare) {
-    const int gs = s->I / s->G, g0 = k0 / gs;
-    for (int n = 0; n < nn; n += VW) {
-        const int cnt = nn - n < VW ? nn - n : VW;
-        const size_t row = (size_t)(o + n);
-        const unsigned char *q = s->q + row * (s->I / 2) + (size_t)k0 / 2;
-        const float *sc = s->sc + row * s->G + g0, *of = s->of + row * s->G + g0;
-        if (cnt < VW) {
-            dequant_rows(q - (size_t)k0 / 2, sc - g0, of - g0, spare, K, cnt, s->I, s->G, gs, g0, K);
-            put_rows(spare, K, n, cnt, K, panel);
-            continue;
-        }
-        for (int g = 0; g < K / gs; g++) {
-            deq d[VW];
-            for (int j = 0; j < VW; j++) d[j] = deq_of(sc[(size_t)j * s->G + g], of[(size_t)j * s->G + g]);
-            for (int k = g * gs; k < (g + 1) * gs; k += 32)
-                for (int v = 0; v < 32 / VW; v++) {
-                    vf r[VW];
-                    for (int j = 0; j < VW; j++) r[j] = piece(q + (size_t)j * (s->I / 2) + k / 2, v, d[j]);
-                    transpose(r);
-                    for (int j = 0; j < VW; j++) *(vf *)(panel + (size_t)(k + v * VW + j) * PN + n) = r[j];
-                }
-        }
-    }
-    pad(nn, K, panel);
-}
-
-/* y [M, O] = x [M, I] @ dequant(W)^T over panels of whole groups. */
-int panel(const float *x, const unsigned char *q, const float *sc, const float *of, float *y, int M, int O, int I, int G,
-          int threads) {
-    const struct wsrc s = {q, sc, of, I, G};
-    return panel_linear(x, &s, y, M, O, I, I / G, threads);
-}
 """
 
 
@@ -228,7 +195,6 @@ def load() -> ctypes.CDLL | None:
     return cpu_build.load("nibble_linear", SOURCE, {
         "linear": ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int),
         "dequantize": ([ctypes.c_void_p] * 4 + [ctypes.c_int] * 4, None),
-        "panel": ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int),
     })
 
 
@@ -281,16 +247,6 @@ def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None)
     """``linear`` without its checks, for a caller that made sure once that they pass and that the
     packed tensors are contiguous (the runtime's Linears)."""
     return call(load(), x, packed, bias, "its dequantized weight block")
-
-
-def panel(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``unchecked`` by ``panel_cpu``'s GEMM over panels dequantized per call (for many rows; no dense copy)."""
-    codes, scales, offsets = packed
-    out_features, in_features = codes.shape[0], 2 * codes.shape[1]
-    return panel_cpu.call(lambda lib, x, y, rows: lib.panel(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
-                                                            y.data_ptr(), rows, out_features, in_features, scales.shape[1],
-                                                            torch.get_num_threads()),
-                          load(), x, out_features, in_features, bias)
 
 
 def call(lib, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None, buffer: str) -> torch.Tensor:

@@ -8,13 +8,15 @@ rows want, but each tile ends in RM x RN horizontal sums per block of inputs: at
 speed there. Here no sum crosses lanes: a panel holds PN outputs by up to PK inputs of W transposed,
 ``panel[k][n] = W[o + n, k0 + k]``, and the micro-kernel keeps PM rows x PN outputs of y in registers
 (AVX-512 and NEON: 6 x 4 vectors, 24 accumulators; AVX2: 6 x 2), each step broadcasting one x value
-per row against PN weights. The copy costs one pass over W per call, paid back from ~32-64 rows on
-(the engine times it against the other kernels per row count, ``compress/runtime/kernel_choice.py``).
+per row against PN weights. The copy costs one pass over W per call (VW rows by VW inputs at a time,
+transposed in registers), paid back from 6-32 rows on where measured (the engine times it against
+the other kernels per row count, ``compress/runtime/kernel_choice.py``).
 
 ``PANEL`` is the C driver shared by every weight format: a source that includes it defines
 ``struct wsrc`` (where its W lies) and ``pack(w, o, nn, k0, K, panel, spare)``, which writes nn <= PN
-outputs' inputs k0..k0+K into a panel (``spare``: room for VW rows of K floats, to dequantize into). Here W is fp32; ``nibble_linear_cpu``
-dequantizes 4-bit codes and ``int8_rows_cpu`` int8 rows straight into the panel (no dense copy).
+outputs' inputs k0..k0+K into a panel (``spare``: room for VW rows of K floats, to dequantize into).
+Here W is fp32; ``nibble_panel_cpu`` dequantizes 4-bit codes and ``int8_rows_cpu`` int8 rows
+straight into the panel (no dense copy).
 Each thread takes a contiguous share of the outputs in whole vectors (of the rows, for a small weight).
 """
 
@@ -205,8 +207,8 @@ def unchecked(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
 
 
 def call(run, lib, x: torch.Tensor, out_features: int, in_features: int, bias: torch.Tensor | None) -> torch.Tensor:
-    """y [..., O] from ``run(lib, x, y, rows)``, a panel kernel's ``linear`` over some weight format (this module's,
-    ``nibble_linear_cpu``'s, ``int8_rows_cpu``'s): the shared allocation, empty cases, bias and error."""
+    """y [..., O] from ``run(lib, x, y, rows)``, a panel kernel over some weight format (this module's,
+    ``nibble_panel_cpu``'s, ``int8_rows_cpu``'s): the shared allocation, empty cases, bias and error."""
     x = x if x.is_contiguous() else x.contiguous()
     y = torch.empty(x.shape[:-1] + (out_features,), dtype=torch.float32)  # [..., O]
     rows = x.numel() // in_features if in_features else 0

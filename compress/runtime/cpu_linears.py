@@ -28,9 +28,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, panel_cpu
+from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu, panel_cpu
 from compress.quant.linear import PackedLinear
-from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan
+from compress.runtime.kernel_choice import C, FUSE_MARGIN, PANEL, TORCH, Plan
 
 # A timing pass streams at least this many fp32-equivalent weight bytes where they fit (distinct
 # weights, past any L2, as a step streams them), and does at most PASS_FLOPS of work, cutting a large
@@ -60,6 +60,7 @@ class CpuLinear(nn.Module):
         self.bias = _bias(bias)
         self.use_c = [False]  # set from the Plan of its shape
         self.use_panel = [False]
+        self.fuse_c = [False]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
@@ -102,6 +103,7 @@ class HeldLinear(nn.Module):
         self.scratch = scratch
         self.use_c = [True]
         self.use_panel = [False]
+        self.fuse_c = [True]
 
     @property
     def packed(self) -> tuple:
@@ -144,7 +146,7 @@ class NibbleLinear(HeldLinear):
 
     @property
     def panel(self) -> Callable:
-        return nibble_linear_cpu.panel
+        return nibble_panel_cpu.unchecked
 
     @property
     def dequantize(self) -> Callable:
@@ -257,6 +259,7 @@ def use_plan(m: nn.Module, plan: Plan) -> None:
     choices = plan.choices()
     m.use_c = [k == C for k in choices]
     m.use_panel = [k == PANEL for k in choices]
+    m.fuse_c = plan.near(C, FUSE_MARGIN)  # read by the one-call decode step (cpu_step.DecodeStep.takes)
 
 
 def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:

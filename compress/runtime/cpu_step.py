@@ -70,10 +70,11 @@ class DecodeStep:
         return [m.weight] * 3 if isinstance(m, CpuLinear) else list(m.packed)
 
     def takes(self, meta: AttentionMetadata, rows: int, attention_c: bool, rope_c: bool) -> bool:
-        """Whether a step of ``rows`` rows with this metadata runs here: all decode rows, and C chosen for every op."""
+        """Whether a step of ``rows`` rows with this metadata runs here: all decode rows, C chosen for the norms,
+        and for every Linear a C kernel within kernel_choice.FUSE_MARGIN of its fastest (``fuse_c``)."""
         if len(meta.decode_rows) != rows or meta.prefills or not (attention_c and rope_c):
             return False
-        return all(use_c(m.use_c, rows) for m in self.first)
+        return all(use_c(m.use_c if isinstance(m, CpuRMSNorm) else m.fuse_c, rows) for m in self.first)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-from compress.kernels import (cpu_build, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu,
-                              panel_cpu)
+from compress.kernels import (cpu_build, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu,
+                              paged_attention_cpu, panel_cpu)
 
 C, TORCH = "C", "torch"
 # A Linear's third path (kernels/panel_cpu.py): W copied, or a held weight dequantized, into panels per call for an
@@ -41,6 +41,10 @@ C, TORCH = "C", "torch"
 PANEL = "C panel"
 REPEATS = 5
 MARGIN = 0.03  # a lead this small is within the noise (one kernel against itself: 0.94-1.0, docs/results/speed.md)
+# The one-call decode step (runtime/cpu_step.py) runs every op's C kernel; it runs where each op's C kernel is within
+# this of the op's fastest: one call instead of ~11 ops a block was 1.15-1.19x a whole generate at batch 4-16 on
+# SmolLM2, and ops whose C kernel and the panel GEMM are even (6-12 rows) would otherwise switch it off by noise.
+FUSE_MARGIN = 0.10
 NOISE = 0.10  # a fastest pass not repeated within this: too busy a machine to time
 BUDGET_S = 3.0  # timing at one engine start stops here; the buckets left are timed at later starts
 BUCKET_S = 0.25  # a bucket's candidates get fewer rounds past this (a machine too busy to time quickly)
@@ -85,15 +89,37 @@ class Plan:
         """use_c[r] for r in 0..rows[-1]: whether r rows run the C kernel (callers use the last entry beyond)."""
         return [k == C for k in self.choices()]
 
-    def _between(self, i: int, rows: int) -> str:
-        """The kernel at `rows`, between bucket i and the next, which chose another kernel: each candidate's
-        time interpolated geometrically in the row count, decided as a timed bucket is (a bucket's lead
-        does not hold all the way to a bucket that chose another kernel)."""
-        a, b = self.times[i], self.times[i + 1]
+    def near(self, kernel: str, margin: float) -> list[bool]:
+        """near[r] for r in 0..rows[-1]: whether `kernel`'s time at r rows (interpolated as between buckets
+        below) is within `margin` of the fastest candidate's; at an untimed bucket, whether it is the choice."""
+        out = [k == kernel for k in self.choices()]
+        for i, start in enumerate(self.rows):
+            end = self.rows[i + 1] if i + 1 < len(self.rows) else len(out)
+            for r in range(start, end):
+                ms = self._interpolated(i, r)
+                if ms is not None and kernel in ms:
+                    out[r] = ms[kernel] <= (1 + margin) * min(ms.values())
+        out[0] = out[1]
+        return out
+
+    def _interpolated(self, i: int, rows: int) -> dict[str, float] | None:
+        """Each candidate's time at `rows`, from bucket i to the next, geometrically in the row count (bucket i's
+        beyond the last); None where a bucket is untimed."""
+        a = self.times[i]
+        if i + 1 == len(self.rows):
+            return a
+        b = self.times[i + 1]
         if a is None or b is None:
-            return self.kernels[i]
+            return None
         f = math.log(rows / self.rows[i]) / math.log(self.rows[i + 1] / self.rows[i])
-        return decide({k: a[k] * (b[k] / a[k]) ** f for k in a if k in b}, self.preferred)
+        return {k: a[k] * (b[k] / a[k]) ** f for k in a if k in b}
+
+    def _between(self, i: int, rows: int) -> str:
+        """The kernel at `rows`, between bucket i and the next, which chose another kernel: decided on the times
+        interpolated between them as a timed bucket is (a bucket's lead does not hold all the way to a bucket
+        that chose another kernel)."""
+        ms = self._interpolated(i, rows)
+        return self.kernels[i] if ms is None else decide(ms, self.preferred)
 
     def describe(self) -> str:
         """The table in words, e.g. "C at 1-12 rows, torch from 16"."""
@@ -170,7 +196,7 @@ def host_key() -> str:
     """What a timing depends on besides the op: CPU, torch, threads, the kernels as built and the candidates' names
     (a cache from before a candidate was added is timed afresh)."""
     sources = [C, TORCH, PANEL, cpu_build.PREAMBLE, linear_cpu.SOURCE, nibble_linear_cpu.SOURCE, nibble_q8_cpu.SOURCE,
-               int8_rows_cpu.SOURCE, paged_attention_cpu.SOURCE, panel_cpu.SOURCE, *cpu_build.flags()]
+               int8_rows_cpu.SOURCE, paged_attention_cpu.SOURCE, panel_cpu.SOURCE, nibble_panel_cpu.SOURCE, *cpu_build.flags()]
     parts = [cpu_build.machine(), torch.__version__, str(torch.get_num_threads()), *sources]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 

@@ -22,6 +22,15 @@ def test_matches_torch_on_the_dequantized_weight(isa, rows, shape):
     assert_matches(kernel.linear(x, packed, b), F.linear(x, kernel.dequantize(packed), b))
 
 
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 5, 6, 13, 64])  # partial and whole micro-tiles of the panel GEMM
+def test_the_panel_gemm_matches_torch_on_the_dequantized_weight(isa, rows):
+    g = torch.Generator().manual_seed(rows)
+    w, x = torch.randn(29, 600, generator=g), torch.randn(rows, 600, generator=g)
+    packed = kernel.quantize(w)
+    assert_matches(kernel.panel(x, packed), F.linear(x, kernel.dequantize(packed)))
+
+
 def test_quantize_is_symmetric_per_row_within_half_a_step():
     w = torch.randn(50, 64) * torch.logspace(-3, 1, 50)[:, None]  # rows of very different ranges
     w[3] = 0  # a zero row: scale 0, codes 0

@@ -76,7 +76,7 @@ def test_not_taken_where_an_op_chose_torch(tiny_int4_dir, monkeypatch):
     meta = AttentionMetadata.build([7], [1], [[3]], 16, "cpu")
     assert step.takes(meta, 1, True, True)
     assert not step.takes(meta, 1, False, True) and not step.takes(meta, 1, True, False)  # attention, rope
-    step.first[3].use_c = [False, False, True]  # o_proj: torch at 1 row
+    step.first[3].fuse_c = [False, False, True]  # o_proj: its C kernel more than FUSE_MARGIN behind at 1 row
     assert not step.takes(meta, 1, True, True)
     assert not step.takes(AttentionMetadata.build([0], [20], [[3, 4]], 16, "cpu"), 20, True, True)  # a prompt
 

@@ -1,6 +1,7 @@
 """The kernel choice follows the timings given to it, and the cache of timings is reused and keyed per host and op."""
 
 import json
+import math
 
 import pytest
 
@@ -64,6 +65,20 @@ def test_a_third_candidate_is_chosen_and_interpolated_like_the_others():
     assert plan.table()[39] and not plan.table()[40]  # table(): the 4-bit kernel's rows only
     assert plan.describe() == "C at 1-39 rows, C panel from 40"
     assert plan_of(kernel_choice.Request("op", [1, 32, 64], C, lambda rows: {}), list(times)).kernels == (C, C, PANEL)
+
+
+def test_near_says_where_a_kernel_is_within_a_margin_of_the_fastest():
+    # Between 8 and 16 rows C goes 1.0 -> 2.0 and the panel 1.2 -> 1.6, each geometric in the row count, so
+    # C / panel = (1 / 1.2) * 1.5^f with f = log2(rows / 8): 0.89 at 9 rows, 1.10 at 12.9, 1.20 at 15.
+    times = ({C: 0.1, PANEL: 0.5}, {C: 1.0, PANEL: 1.2}, {C: 2.0, PANEL: 1.6})
+    plan = Plan((1, 8, 16), (C, C, PANEL), times, C)
+    ratio = lambda r: 1.5 ** math.log2(r / 8) / 1.2  # noqa: E731
+    near = plan.near(C, 0.10)
+    assert [r for r in range(1, 17) if near[r]] == [r for r in range(1, 17) if r < 8 or ratio(r) <= 1.10] == list(range(1, 13))
+    assert near[0] == near[1] and not near[16]
+    assert [r for r in range(1, 17) if plan.near(C, 0.0)[r]] == [r for r in range(1, 17) if r < 8 or ratio(r) <= 1.0]
+    untimed = Plan((1, 8, 16), (C, C, PANEL), (None, None, None), C)
+    assert untimed.near(C, 0.10) == [k == C for k in untimed.choices()]  # untimed: the choice
 
 
 def test_untimed_buckets_take_the_nearest_timed_choice():

@@ -8,13 +8,13 @@ from compress.quant.apply import quantize
 from compress.quant.config import QuantConfig
 from compress.quant.export import write_quantized
 from compress.quant.linear import PackedLinear
-from compress.kernels import linear_cpu, nibble_linear_cpu
+from compress.kernels import linear_cpu, nibble_linear_cpu, nibble_panel_cpu
 from compress.runtime import SamplingParams
 from compress.runtime.cpu_linears import CpuLinear, NibbleLinear, cpu_linears
 from tests.conftest import save_hf, tiny_hf
 from tests.runtime.conftest import make_llm, random_prompts
 
-real_linear, real_nibble, real_panel = linear_cpu.unchecked, nibble_linear_cpu.unchecked, nibble_linear_cpu.panel
+real_linear, real_nibble, real_panel = linear_cpu.unchecked, nibble_linear_cpu.unchecked, nibble_panel_cpu.unchecked
 
 
 def quantized_dir(tmp_path, tokenizer_dir, method):
@@ -61,7 +61,7 @@ def test_int4_linears_keep_4_bits_and_both_kernels_give_the_same_logits(tmp_path
         after_torch = model(ids)
         scratch = nibbles[0].scratch.buffer
         panel_calls = []
-        monkeypatch.setattr(nibble_linear_cpu, "panel", lambda *a: panel_calls.append(a) or real_panel(*a))
+        monkeypatch.setattr(nibble_panel_cpu, "unchecked", lambda *a: panel_calls.append(a) or real_panel(*a))
         for m in nibbles:
             m.use_panel = [True]  # dequantized into the panel GEMM's panels
         after_panel = model(ids)
