@@ -126,7 +126,8 @@ static void any_micro(const float *x, int xs, const float *panel, float *y, int 
 
 /* y[:, o0:o1] of y [M, O] = x [M, I] @ W^T, one panel at a time over every row of x; inputs in blocks of kc. */
 static int panel_rows(const float *x, const struct wsrc *w, float *y, int M, int O, int I, int kc, int o0, int o1) {
-    float *panel = aligned_alloc(64, sizeof(float) * (size_t)kc * (PN + VW)), *spare = panel + (size_t)kc * PN;
+    /* aligned_alloc takes a size in whole alignments (C11; macOS refuses others) */
+    float *panel = aligned_alloc(64, (sizeof(float) * (size_t)kc * (PN + VW) + 63) / 64 * 64), *spare = panel + (size_t)kc * PN;
     if (!panel) return 1;
     for (int k0 = 0; k0 < I; k0 += kc) {
         const int K = I - k0 < kc ? I - k0 : kc;
@@ -154,7 +155,7 @@ static int panel_linear(const float *x, const struct wsrc *w, float *y, int M, i
     const int units = by_rows ? tiles : vectors, step = by_rows ? PM : VW;
     int failed = 0;
     if (threads > units) threads = units;
-#pragma omp parallel for num_threads(threads) schedule(static)
+#pragma omp parallel for num_threads(threads) schedule(static) reduction(| : failed)
     for (int t = 0; t < threads; t++) {
         const int a = (int)((long)units * t / threads) * step, b = (int)((long)units * (t + 1) / threads) * step;
         if (by_rows ? panel_rows(x + (size_t)a * I, w, y + (size_t)a * O, (b < M ? b : M) - a, O, I, kc, 0, O)

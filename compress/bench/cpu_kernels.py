@@ -42,8 +42,9 @@ from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, nibble_q8
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_kernels import decode_candidates
-from compress.runtime.cpu_linears import ROTATION_BYTES, SLICE_MIN, CpuLinear, Group, NibbleLinear, Scratch, candidates, use_plan
+from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, use_plan
 from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan, buckets, confirmed, decide, time_candidates
+from compress.runtime.linear_timing import ROTATION_BYTES, SLICE_MIN, candidates
 
 # (out, in, how many in the model): q/o, k/v, gate/up, down, lm_head; "-joined": as the engine runs them, q/k/v and
 # gate/up joined into one Linear each (runtime/cpu_fusion.py)

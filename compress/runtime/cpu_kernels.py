@@ -20,9 +20,10 @@ from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_fusion import join_projections
-from compress.runtime.cpu_linears import Swapped, candidates, cpu_linears, group_modules, swapped_modules
+from compress.runtime.cpu_linears import Swapped, cpu_linears, group_modules, swapped_modules
 from compress.runtime.cpu_norms import CpuRMSNorm, norm_candidates, norm_op, rope_candidates, rope_op, swap_norms, use_c
 from compress.runtime.kernel_choice import C, TORCH, Plan, Timings, time_candidates
+from compress.runtime.linear_timing import candidates
 
 CONTEXT = 256
 KV_BYTES = 64 << 20

@@ -32,12 +32,6 @@ from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibbl
 from compress.quant.linear import PackedLinear
 from compress.runtime.kernel_choice import C, FUSE_MARGIN, PANEL, TORCH, Plan
 
-# A timing pass streams at least this many fp32-equivalent weight bytes where they fit (distinct
-# weights, past any L2, as a step streams them), and does at most PASS_FLOPS of work, cutting a large
-# weight to its first output rows (never fewer than SLICE_MIN): about 1 ms a pass either way.
-ROTATION_BYTES = 32 << 20
-PASS_FLOPS = 5e7
-SLICE_MIN = 256
 
 
 def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
@@ -149,6 +143,10 @@ class NibbleLinear(HeldLinear):
         return nibble_panel_cpu.unchecked
 
     @property
+    def panel_ready(self) -> bool:
+        return nibble_panel_cpu.load() is not None
+
+    @property
     def dequantize(self) -> Callable:
         return nibble_linear_cpu.dequantize
 
@@ -167,6 +165,10 @@ class Int8Linear(HeldLinear):
     @property
     def panel(self) -> Callable:
         return int8_rows_cpu.panel
+
+    @property
+    def panel_ready(self) -> bool:
+        return True  # built with the kernel itself
 
     @property
     def dequantize(self) -> Callable:
@@ -246,36 +248,12 @@ class Swapped:
         return max(sizes, default=0)
 
 
-def rotation(items: list, out_features: int, in_features: int, rows: int, cut: Callable) -> list:
-    """The weights one timing pass runs over (see ROTATION_BYTES), each cut to its first rows by cut(item, rows)."""
-    row_flops, row_bytes = 2 * rows * in_features, 4 * in_features  # per output row of one weight
-    keep = min(out_features, max(SLICE_MIN, int(min(PASS_FLOPS / row_flops, ROTATION_BYTES / row_bytes))))
-    count = min(len(items), -(-ROTATION_BYTES // (keep * row_bytes)), max(1, int(PASS_FLOPS // (keep * row_flops))))
-    return [cut(item, keep) for item in items[:count]]
-
-
 def use_plan(m: nn.Module, plan: Plan) -> None:
     """Set a swapped Linear's kernel per row count from its group's plan."""
     choices = plan.choices()
     m.use_c = [k == C for k in choices]
     m.use_panel = [k == PANEL for k in choices]
     m.fuse_c = plan.near(C, FUSE_MARGIN)  # read by the one-call decode step (cpu_step.DecodeStep.takes)
-
-
-def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
-    """The C kernel, the panel GEMM and torch's (over the dequantized scratch, for held weights), each a pass
-    over the group's weights (see rotation) at `rows` rows."""
-    first = group.modules[0]
-    out_features, in_features = first.out_features, first.in_features
-    x = torch.randn(rows, in_features)
-    if isinstance(first, CpuLinear):
-        weights = rotation([m.weight.detach() for m in group.modules], out_features, in_features, rows, lambda w, k: w[:k])
-        return {C: lambda: [linear_cpu.unchecked(x, w) for w in weights], TORCH: lambda: [F.linear(x, w) for w in weights],
-                PANEL: lambda: [panel_cpu.unchecked(x, w) for w in weights]}
-    packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
-    scratch = torch.empty(packs[0][0].shape[0] * in_features)
-    return {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs],
-            PANEL: lambda: [first.panel(x, p) for p in packs]}
 
 
 def group_modules(modules: list[nn.Module]) -> list[Group]:

@@ -91,7 +91,8 @@ class Plan:
 
     def near(self, kernel: str, margin: float) -> list[bool]:
         """near[r] for r in 0..rows[-1]: whether `kernel`'s time at r rows (interpolated as between buckets
-        below) is within `margin` of the fastest candidate's; at an untimed bucket, whether it is the choice."""
+        below) is within `margin` of the fastest candidate's; from a bucket up to the next, where either is
+        untimed, whether it is the choice."""
         out = [k == kernel for k in self.choices()]
         for i, start in enumerate(self.rows):
             end = self.rows[i + 1] if i + 1 < len(self.rows) else len(out)

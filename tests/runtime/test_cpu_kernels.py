@@ -3,10 +3,11 @@
 import pytest
 import torch
 
-from compress.kernels import linear_cpu, nibble_linear_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.kernels import linear_cpu, nibble_linear_cpu, nibble_panel_cpu, paged_attention_cpu, panel_cpu, rms_norm_cpu, rope_cpu
 from compress.model.config import ModelConfig
-from compress.runtime import SamplingParams, cpu_kernels, cpu_linears, model_runner
-from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, candidates, rotation
+from compress.runtime import SamplingParams, cpu_kernels, linear_timing, model_runner
+from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch
+from compress.runtime.linear_timing import candidates, rotation
 from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan, buckets
 from tests.runtime.conftest import make_llm
 
@@ -80,9 +81,9 @@ def test_without_c_kernels_the_lines_say_torch_runs(tiny_dir, monkeypatch, capsy
 
 
 def test_a_timing_pass_streams_distinct_weights_and_cuts_large_ones(monkeypatch):
-    monkeypatch.setattr(cpu_linears, "ROTATION_BYTES", 4 * 64 * 32 * 3)  # three 64x32 fp32 weights
-    monkeypatch.setattr(cpu_linears, "PASS_FLOPS", 2 * 64 * 32 * 8)  # 8 rows through one of them
-    monkeypatch.setattr(cpu_linears, "SLICE_MIN", 16)
+    monkeypatch.setattr(linear_timing, "ROTATION_BYTES", 4 * 64 * 32 * 3)  # three 64x32 fp32 weights
+    monkeypatch.setattr(linear_timing, "PASS_FLOPS", 2 * 64 * 32 * 8)  # 8 rows through one of them
+    monkeypatch.setattr(linear_timing, "SLICE_MIN", 16)
     cut = lambda w, k: w[:k]  # noqa: E731
     weights = [torch.zeros(64, 32) for _ in range(5)]
     assert [w.shape[0] for w in rotation(weights, 64, 32, 1, cut)] == [64] * 3  # bytes bound: 3 of 5
@@ -93,7 +94,7 @@ def test_a_timing_pass_streams_distinct_weights_and_cuts_large_ones(monkeypatch)
 
 @needs_kernels
 @pytest.mark.parametrize("rows", [1, 7])
-def test_the_candidates_of_a_timing_do_the_same_work(rows):
+def test_the_candidates_of_a_timing_do_the_same_work(rows, monkeypatch):
     g = torch.Generator().manual_seed(0)
     fp32 = Group([CpuLinear(torch.randn(48, 64, generator=g), None) for _ in range(2)])
     scale, zero = torch.rand(48, 2, generator=g), torch.randint(0, 16, (48, 2), generator=g)
@@ -106,6 +107,9 @@ def test_the_candidates_of_a_timing_do_the_same_work(rows):
         for name in names[1:]:
             for a, b in zip(ys[C], ys[name]):
                 torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+    monkeypatch.setattr(panel_cpu, "load", lambda: None)
+    monkeypatch.setattr(nibble_panel_cpu, "load", lambda: None)
+    assert [list(candidates(group, rows)) for group in (fp32, int4)] == [[C, TORCH]] * 2  # no panel library: not offered
     cfg = ModelConfig("llama", 1, 4 * 16, 1, 1, 4, 2, 16)
     outs = {name: fn() for name, fn in cpu_kernels.decode_candidates(cfg, 16, rows).items()}
     torch.testing.assert_close(outs[C], outs[TORCH], atol=1e-5, rtol=1e-5)
