@@ -86,18 +86,14 @@ void linear(const float *x, const signed char *q, const float *s, float *y, int 
 """ + panel_cpu.PANEL + r"""
 struct wsrc { const signed char *q; const float *s; int I; };
 
-/* panel_cpu's panels straight from the codes: VW rows at a time scaled into spare, then put in place. */
-static void pack(const struct wsrc *w, int o, int nn, int k0, int K, float *panel, float *spare) {
-    for (int n = 0; n < nn; n += VW) {
-        const int cnt = nn - n < VW ? nn - n : VW;
-        for (int j = 0; j < cnt; j++) {
-            const signed char *q = w->q + (size_t)(o + n + j) * w->I + k0;
-            const float s = w->s[o + n + j];
-            for (int k = 0; k < K; k++) spare[(size_t)j * K + k] = s * q[k];
-        }
-        put_rows(spare, K, n, cnt, K, panel);
+/* panel_cpu's panels straight from the codes: cnt rows scaled into spare, then put in place. */
+static void pack_rows(const struct wsrc *w, int o, int cnt, int k0, int K, float *panel, float *spare) {
+    for (int j = 0; j < cnt; j++) {
+        const signed char *q = w->q + (size_t)(o + j) * w->I + k0;
+        const float s = w->s[o + j];
+        for (int k = 0; k < K; k++) spare[(size_t)j * K + k] = s * q[k];
     }
-    pad(nn, K, panel);
+    put_rows(spare, K, cnt, K, panel);
 }
 
 int panel(const float *x, const signed char *q, const float *s, float *y, int M, int O, int I, int threads) {

@@ -2,7 +2,7 @@
 panels dequantized per call straight from the codes of ``nibble_linear_cpu.pack`` (no dense copy of
 W). Imports only torch, the standard library and the shared checks (torch and triton).
 
-Each block of VW rows is dequantized VW weights of a row at a time in registers (``nibble_linear_cpu``'s
+Each block of VW rows (the driver's ``pack_rows``) is dequantized VW weights of a row at a time in registers (``nibble_linear_cpu``'s
 table lookup, the group's table per row), the VW x VW block transposed in registers and stored as
 VW vectors of a panel; a last block of fewer rows goes through the driver's spare buffer.
 """
@@ -22,32 +22,30 @@ SOURCE = NIBBLES + panel_cpu.PANEL + r"""
 #define PF_BLOCKS 2
 struct wsrc { const unsigned char *q; const float *sc, *of; int I, G; };
 
-static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *panel, float *spare) {
+/* VW rows: each VW-weight piece of them dequantized in registers (the group's table per row) and transposed into place;
+   a last block of fewer rows is dequantized into spare and put in place. */
+static void pack_rows(const struct wsrc *s, int o, int cnt, int k0, int K, float *panel, float *spare) {
     const int gs = s->I / s->G, g0 = k0 / gs;
-    for (int n = 0; n < nn; n += VW) {
-        const int cnt = nn - n < VW ? nn - n : VW;
-        const size_t row = (size_t)(o + n);
-        const unsigned char *q = s->q + row * (s->I / 2) + (size_t)k0 / 2;
-        const float *sc = s->sc + row * s->G + g0, *of = s->of + row * s->G + g0;
-        if (cnt < VW) {
-            dequant_rows(q - (size_t)k0 / 2, sc - g0, of - g0, spare, K, cnt, s->I, s->G, gs, g0, K);
-            put_rows(spare, K, n, cnt, K, panel);
-            continue;
-        }
-        for (int b = 0; b < K / 2; b += 64) prefetch_rows(q + b, s->I / 2, VW, PF_BLOCKS * VW);
-        for (int g = 0; g < K / gs; g++) {
-            deq d[VW];
-            for (int j = 0; j < VW; j++) d[j] = deq_of(sc[(size_t)j * s->G + g], of[(size_t)j * s->G + g]);
-            for (int k = g * gs; k < (g + 1) * gs; k += 32)
-                for (int v = 0; v < 32 / VW; v++) {
-                    vf r[VW];
-                    for (int j = 0; j < VW; j++) r[j] = piece(q + (size_t)j * (s->I / 2) + k / 2, v, d[j]);
-                    transpose(r);
-                    for (int j = 0; j < VW; j++) *(vf *)(panel + (size_t)(k + v * VW + j) * PN + n) = r[j];
-                }
-        }
+    const unsigned char *q = s->q + (size_t)o * (s->I / 2);
+    const float *sc = s->sc + (size_t)o * s->G, *of = s->of + (size_t)o * s->G;
+    if (cnt < VW) {
+        dequant_rows(q, sc, of, spare, K, cnt, s->I, s->G, gs, g0, K);
+        put_rows(spare, K, cnt, K, panel);
+        return;
     }
-    pad(nn, K, panel);
+    q += k0 / 2;
+    for (int b = 0; b < K / 2; b += 64) prefetch_rows(q + b, s->I / 2, VW, PF_BLOCKS * VW);
+    for (int g = 0; g < K / gs; g++) {
+        deq d[VW];
+        for (int j = 0; j < VW; j++) d[j] = deq_of(sc[(size_t)j * s->G + g0 + g], of[(size_t)j * s->G + g0 + g]);
+        for (int k = g * gs; k < (g + 1) * gs; k += 32)
+            for (int v = 0; v < 32 / VW; v++) {
+                vf r[VW];
+                for (int j = 0; j < VW; j++) r[j] = piece(q + (size_t)j * (s->I / 2) + k / 2, v, d[j]);
+                transpose(r);
+                for (int j = 0; j < VW; j++) *(vf *)(panel + (size_t)(k + v * VW + j) * PN) = r[j];
+            }
+    }
 }
 
 /* y [M, O] = x [M, I] @ dequant(W)^T over panels of whole groups. */

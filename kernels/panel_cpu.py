@@ -13,8 +13,9 @@ transposed in registers), paid back from 6-32 rows on where measured (the engine
 the other kernels per row count, ``compress/runtime/kernel_choice.py``).
 
 ``PANEL`` is the C driver shared by every weight format: a source that includes it defines
-``struct wsrc`` (where its W lies) and ``pack(w, o, nn, k0, K, panel, spare)``, which writes nn <= PN
-outputs' inputs k0..k0+K into a panel (``spare``: room for VW rows of K floats, to dequantize into).
+``struct wsrc`` (where its W lies) and ``pack_rows(w, o, cnt, k0, K, panel, spare)``, which writes the
+inputs k0..k0+K of cnt <= VW outputs from o into the first cnt columns at ``panel`` (``spare``: room for
+VW rows of K floats, to dequantize into); the driver walks a panel's outputs VW at a time.
 Here W is fp32; ``nibble_panel_cpu`` dequantizes 4-bit codes and ``int8_rows_cpu`` int8 rows
 straight into the panel (no dense copy).
 Each thread takes a contiguous share of the outputs in whole vectors (of the rows, for a small weight).
@@ -67,22 +68,22 @@ PANEL = r"""
 #define PK 256  /* a panel: PK x PN floats, 64 KiB with AVX-512, held in L2 while every row of x passes over it */
 
 struct wsrc;
-static void pack(const struct wsrc *w, int o, int nn, int k0, int K, float *panel, float *spare);
+static void pack_rows(const struct wsrc *w, int o, int cnt, int k0, int K, float *panel, float *spare);
 
-""" + TRANSPOSE + r"""/* panel[k][n + j] = rows[j * rs + k] for j < cnt, k < K: rows of W (or of a dequantized block of them) into panel
-   columns. VW rows at a time go VW inputs by VW in registers: element by element this copy took ~2 cycles a weight,
-   12 % of a 256-row call over 576 inputs. */
-static void put_rows(const float *rows, int rs, int n, int cnt, int K, float *panel) {
+""" + TRANSPOSE + r"""/* panel[k][j] = rows[j * rs + k] for j < cnt, k < K (panel at a whole vector's column): rows of W, or of a dequantized
+   block of them, into panel columns. VW rows at a time go VW inputs by VW in registers: element by element this copy
+   took ~2 cycles a weight, 12 % of a 256-row call over 576 inputs. */
+static void put_rows(const float *rows, int rs, int cnt, int K, float *panel) {
     int k = 0;
     if (cnt == VW)
         for (; k + VW <= K; k += VW) {
             vf r[VW];
             for (int j = 0; j < VW; j++) r[j] = *(const vfu *)(rows + (size_t)j * rs + k);
             transpose(r);
-            for (int j = 0; j < VW; j++) *(vf *)(panel + (size_t)(k + j) * PN + n) = r[j];
+            for (int j = 0; j < VW; j++) *(vf *)(panel + (size_t)(k + j) * PN) = r[j];
         }
     for (; k < K; k++)
-        for (int j = 0; j < cnt; j++) panel[(size_t)k * PN + n + j] = rows[(size_t)j * rs + k];
+        for (int j = 0; j < cnt; j++) panel[(size_t)k * PN + j] = rows[(size_t)j * rs + k];
 }
 
 /* Zeros in columns nn.. of the last vector (its lanes past O are computed, never stored: no stale denormals). */
@@ -90,6 +91,12 @@ static void pad(int nn, int K, float *panel) {
     const int end = (nn + VW - 1) / VW * VW;
     for (int k = 0; k < K; k++)
         for (int j = nn; j < end; j++) panel[(size_t)k * PN + j] = 0.f;
+}
+
+/* The panel of outputs o..o+nn (nn <= PN), inputs k0..k0+K: the format's pack_rows VW outputs at a time. */
+static void pack(const struct wsrc *w, int o, int nn, int k0, int K, float *panel, float *spare) {
+    for (int n = 0; n < nn; n += VW) pack_rows(w, o + n, nn - n < VW ? nn - n : VW, k0, K, panel + n, spare);
+    pad(nn, K, panel);
 }
 
 /* y[r, :nr] (+)= sum over k < K of x[r, k] * panel[k, :] for r < rm; rows of x are xs floats apart, of y ys. */
@@ -169,11 +176,9 @@ static int panel_linear(const float *x, const struct wsrc *w, float *y, int M, i
 SOURCE = PANEL + r"""
 struct wsrc { const float *w; int I; };
 
-static void pack(const struct wsrc *s, int o, int nn, int k0, int K, float *panel, float *spare) {
+static void pack_rows(const struct wsrc *s, int o, int cnt, int k0, int K, float *panel, float *spare) {
     (void)spare;  /* fp32 rows go in as they are */
-    for (int n = 0; n < nn; n += VW)
-        put_rows(s->w + (size_t)(o + n) * s->I + k0, s->I, n, nn - n < VW ? nn - n : VW, K, panel);
-    pad(nn, K, panel);
+    put_rows(s->w + (size_t)o * s->I + k0, s->I, cnt, K, panel);
 }
 
 int linear(const float *x, const float *w, float *y, int M, int O, int I, int threads) {

@@ -33,7 +33,6 @@ from compress.quant.linear import PackedLinear
 from compress.runtime.kernel_choice import C, FUSE_MARGIN, PANEL, TORCH, Plan
 
 
-
 def _bias(bias: torch.Tensor | None) -> nn.Parameter | None:
     return None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
 

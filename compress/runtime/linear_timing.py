@@ -36,10 +36,12 @@ def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
     if isinstance(first, CpuLinear):
         weights = rotation([m.weight.detach() for m in group.modules], out_features, in_features, rows, lambda w, k: w[:k])
         runs = {C: lambda: [linear_cpu.unchecked(x, w) for w in weights], TORCH: lambda: [F.linear(x, w) for w in weights]}
-        panel = panel_cpu.load() is not None and (lambda: [panel_cpu.unchecked(x, w) for w in weights])
-    else:
-        packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
-        scratch = torch.empty(packs[0][0].shape[0] * in_features)
-        runs = {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs]}
-        panel = first.panel_ready and (lambda: [first.panel(x, p) for p in packs])
-    return runs | {PANEL: panel} if panel else runs  # no panel GEMM where its library did not build
+        if panel_cpu.load() is not None:  # no panel GEMM where its library did not build
+            runs[PANEL] = lambda: [panel_cpu.unchecked(x, w) for w in weights]
+        return runs
+    packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
+    scratch = torch.empty(packs[0][0].shape[0] * in_features)
+    runs = {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs]}
+    if first.panel_ready:
+        runs[PANEL] = lambda: [first.panel(x, p) for p in packs]
+    return runs
