@@ -28,7 +28,7 @@ def test_tables_have_a_row_per_shape_and_kind_and_a_cell_per_bucket(capsys, smal
     choice = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith("| 64x128") or line.startswith("| 40x64")]
     labels = [row[0].strip() for row in choice]
     assert labels[:4] == ["64x128 fp32 (3)", "64x128 int4 g64 (3)", "40x64 fp32 (1)", "40x64 int4 g64 (1)"]
-    assert all(len(row) == 1 + len([1, 2, 3, 4, 6, 8]) and all(c.split()[1] in ("C", "t") for c in row[1:]) for row in choice[:4])
+    assert all(len(row) == 1 + len([1, 2, 3, 4, 6, 8]) and all(c.split()[1] in ("C", "t", "p") for c in row[1:]) for row in choice[:4])
     checks = choice[4:]
     assert len(checks) == 4 and all(" at " in row[1] or row[1].strip() == "noisy" for row in checks)  # worst ratio and where
     step = [line.split("|")[1:-1] for line in out.splitlines() if line.startswith(("| 1 |", "| 8 |"))]
