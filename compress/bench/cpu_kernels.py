@@ -176,7 +176,7 @@ def step_modules(shapes: list[tuple[int, int, int]], plans: dict[tuple[int, int,
             dense.append(nn.Linear(in_features, out_features, bias=False, device="meta"))
             dense[-1].weight = nn.Parameter(torch.randn(out_features, in_features, generator=gen), requires_grad=False)
             fp32.append(CpuLinear(dense[-1].weight, None))
-            use_plan(fp32[-1], plans[out_features, in_features, "fp32"])
+            use_plan([fp32[-1]], plans[out_features, in_features, "fp32"])
             if n == len(shapes) - 1:
                 int4.append(fp32[-1])
                 continue
@@ -184,7 +184,7 @@ def step_modules(shapes: list[tuple[int, int, int]], plans: dict[tuple[int, int,
             int4.append(NibbleLinear.from_codes(torch.randint(0, 16, (out_features, in_features), generator=gen, dtype=torch.uint8),
                                                 torch.rand(out_features, g, generator=gen) * 0.01,
                                                 torch.randint(0, 16, (out_features, g), generator=gen), None, scratch))
-            use_plan(int4[-1], plans[out_features, in_features, "int4"])
+            use_plan([int4[-1]], plans[out_features, in_features, "int4"])
     return dense, fp32, int4
 
 

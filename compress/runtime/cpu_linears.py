@@ -225,8 +225,7 @@ class Group:
 
     def apply(self, plan: Plan) -> None:
         self.plan = plan
-        for m in self.modules:
-            use_plan(m, plan)
+        use_plan(self.modules, plan)
 
     def describe(self) -> str:
         return f"{self.op} ({len(self.modules)}): {self.plan.describe()}"
@@ -247,12 +246,13 @@ class Swapped:
         return max(sizes, default=0)
 
 
-def use_plan(m: nn.Module, plan: Plan) -> None:
-    """Set a swapped Linear's kernel per row count from its group's plan."""
+def use_plan(modules: list[nn.Module], plan: Plan) -> None:
+    """Set swapped Linears' kernel per row count from their group's plan: the tables made once, shared (read only)."""
     choices = plan.choices()
-    m.use_c = [k == C for k in choices]
-    m.use_panel = [k == PANEL for k in choices]
-    m.fuse_c = plan.near(C, FUSE_MARGIN)  # read by the one-call decode step (cpu_step.DecodeStep.takes)
+    use_c, use_panel = [k == C for k in choices], [k == PANEL for k in choices]
+    fuse_c = plan.near(C, FUSE_MARGIN)  # read by the one-call decode step (cpu_step.DecodeStep.takes)
+    for m in modules:
+        m.use_c, m.use_panel, m.fuse_c = use_c, use_panel, fuse_c
 
 
 def group_modules(modules: list[nn.Module]) -> list[Group]:
