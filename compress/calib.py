@@ -13,7 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from compress.data import data_file
@@ -139,9 +138,9 @@ def embed(model, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:
     emb = model.model.embed_tokens
     if not lazy.is_lazy(emb):
         with on_device(emb, device):
-            return emb(tokens.to(device))
+            return model.embed(tokens.to(device))
     weight = model.reader("model.embed_tokens", emb)["weight"]  # [V, C] as stored
-    return F.embedding(tokens, weight).to(device, COMPUTE_DTYPE)
+    return model.embed(tokens, weight).to(device, COMPUTE_DTYPE)
 
 
 def block_inputs(model, tokens: torch.Tensor, device: torch.device) -> torch.Tensor:

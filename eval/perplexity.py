@@ -93,7 +93,7 @@ def streamed_nll(model, wins: torch.Tensor, device: torch.device, desc: str) -> 
             lazy.materialize(model, part, COMPUTE_DTYPE, device)
         for row, window in zip(x.split(1), chunk.split(1)):
             window = window.to(device)
-            nll += window_nll(model.lm_head(model.model.norm(row)), window)
+            nll += window_nll(model.logits(model.model.norm(row)), window)
         bar.update(len(chunk))
         for part in head:
             lazy.release(model, part)

@@ -13,15 +13,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 DATA = Path(os.environ.get("COMPRESS_DATA_DIR", Path(__file__).parents[1] / ".." / "shared" / "data"))
 
 
-def tiny_hf(kind: str = "llama", vocab: int = 256, seed: int = 0, **overrides):
-    """A random transformers model of the given family, small enough for a unit test."""
-    from transformers import LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+def tiny_hf(kind: str = "llama", vocab: int = 256, seed: int = 0, features: bool = False, **overrides):
+    """A random transformers model of the given family (a model_type), small enough for a unit test;
+    ``features``: with every optional feature of the family switched on (tests/families.py)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    cls = {"llama": (LlamaConfig, LlamaForCausalLM), "qwen2": (Qwen2Config, Qwen2ForCausalLM), "mistral": (MistralConfig, MistralForCausalLM)}[kind]
+    from tests.families import FAMILIES
+
     kw = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False) | overrides
+              num_key_value_heads=2, max_position_embeddings=256, tie_word_embeddings=False, pad_token_id=None)
+    kw |= (FAMILIES[kind] if features else {}) | overrides
+    config = AutoConfig.for_model(kind, **kw)
+    config._attn_implementation = "eager"  # the reference implementation; soft-capping families need it
     torch.manual_seed(seed)
-    model = cls[1](cls[0](**kw)).eval()
+    model = AutoModelForCausalLM.from_config(config).eval()
     with torch.no_grad():  # transformers zero-initialises biases and ones norms; make every tensor matter
         for name, p in model.named_parameters():
             if name.endswith("bias") or "norm" in name:

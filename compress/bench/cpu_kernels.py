@@ -40,6 +40,7 @@ from torch import nn
 
 from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu
 from compress.model.config import ModelConfig
+from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_kernels import decode_candidates
 from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, use_plan
@@ -86,7 +87,7 @@ def attention_step(repeats: int, seqs: int = 64, layers: int = LAYERS) -> tuple[
         used += len(tables[-1])
     meta = AttentionMetadata.build([c - 1 for c in contexts], [1] * seqs, tables, BLOCK, "cpu")
     q, k, v = torch.randn(1, seqs, HEADS, HEAD_DIM), torch.randn(1, seqs, KV_HEADS, HEAD_DIM), torch.randn(1, seqs, KV_HEADS, HEAD_DIM)
-    backends = {use: PagedAttention(kv, meta, None, cpu_kernel=use) for use in (False, True)}
+    backends = {use: PagedAttention(kv, meta, AttentionSpec(), cpu_kernel=use) for use in (False, True)}
     ms = settled({use: lambda b=b: [b(layer, q, k, v) for layer in range(layers)] for use, b in backends.items()}, repeats) or {}
     return ms.get(False, float("nan")), ms.get(True, float("nan")), sum(contexts)
 

@@ -1,27 +1,38 @@
-"""One readable Llama-family decoder (Llama 2/3, Mistral, Qwen2, SmolLM2).
+"""One readable decoder for every family we run (Llama 2/3, Mistral, Qwen2/3, Gemma 2/3, Phi-3/4, OLMo 2,
+Granite, SmolLM2).
 
-Module names follow Hugging Face's layout, so a checkpoint's state dict loads as is.
-Attention is the only op that looks across tokens; it is a function passed into ``forward``
-(``DenseCausal`` here for calibration, training and perplexity; the runtime passes a paged one),
-so the same weights and the same code serve every use.
+Module names follow Hugging Face's layout, so a checkpoint's state dict loads as is. What differs
+between families is read once, when the modules are built, from ``cfg.arch`` and the config's numbers
+(which norms exist and where, q/k norms, fused projections, multipliers, soft-caps): the forward
+passes hold no per-family branches. Attention is the only op that looks across tokens; it is a
+function passed into ``forward`` (``DenseCausal`` for calibration, training and perplexity; the runtime
+passes a paged one), so the same weights and the same code serve every use.
 """
-
-import math
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from compress.model.attention import DenseCausal
 from compress.model.config import ModelConfig
+from compress.model.rope import Rope, make_rope
+
+ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, dim: int, eps: float):
+    """x / rms(x) * (offset + w). offset 0: Llama's form, cast to the input dtype before the weight;
+    offset 1: Gemma's x * (1 + w), the product taken in fp32 (as transformers does for each)."""
+
+    def __init__(self, dim: int, eps: float, offset: float = 0.0):
         super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
+        self.weight = nn.Parameter(torch.full((dim,), 1.0 - offset))  # the identity either way
+        self.eps, self.offset = eps, offset
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.offset:
+            n = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + self.eps)
+            return (n * (self.offset + self.weight.float())).to(x.dtype)
         if x.dtype == torch.float32 == self.weight.dtype:  # the same numbers in one op: half the time of six at a decode row
             return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
         dtype = x.dtype
@@ -30,86 +41,50 @@ class RMSNorm(nn.Module):
         return self.weight * x.to(dtype)
 
 
-def rope_inv_freq(cfg: ModelConfig) -> torch.Tensor:
-    """Inverse frequencies [D/2], with linear or Llama-3 scaling applied."""
-    d = cfg.head_dim
-    inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
-    scaling = cfg.rope_scaling or {}
-    kind = scaling.get("rope_type", "default")
-    if kind == "linear":
-        return inv / scaling["factor"]
-    if kind == "llama3":
-        return _llama3_scale(inv, scaling)
-    return inv
-
-
-def _llama3_scale(inv: torch.Tensor, s: dict) -> torch.Tensor:
-    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between blended.
-    old_ctx = s["original_max_position_embeddings"]
-    low_wavelen = old_ctx / s["low_freq_factor"]
-    high_wavelen = old_ctx / s["high_freq_factor"]
-    wavelen = 2 * math.pi / inv
-    scaled = torch.where(wavelen > low_wavelen, inv / s["factor"], inv)
-    smooth = (old_ctx / wavelen - s["low_freq_factor"]) / (s["high_freq_factor"] - s["low_freq_factor"])
-    blended = (1 - smooth) * scaled / s["factor"] + smooth * scaled
-    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
-    return torch.where(medium, blended, scaled)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((-x2, x1), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    # x [B, T, H, D]; cos/sin [B, T, D] broadcast over heads
-    return x * cos.unsqueeze(2) + rotate_half(x) * sin.unsqueeze(2)
-
-
-class DenseCausal:
-    """Causal attention over the tokens of this call only: q, k, v [B, T, H(kv), D] -> [B, T, H, D].
-    A backend also rotates q and k (``rotate``): the runtime's may do it in a kernel."""
-
-    rotate = staticmethod(apply_rope)
-
-    def __init__(self, sliding_window: int | None = None):
-        self.sliding_window = sliding_window
-
-    def __call__(self, layer: int, q, k, v) -> torch.Tensor:
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # [B, H, T, D]
-        T = q.shape[2]
-        if self.sliding_window is None or T <= self.sliding_window:
-            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
-        else:
-            i = torch.arange(T, device=q.device)
-            dist = i[:, None] - i[None, :]  # [T, T] query minus key position
-            mask = (dist >= 0) & (dist < self.sliding_window)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return out.transpose(1, 2)
+def norm(cfg: ModelConfig, dim: int | None = None) -> RMSNorm:
+    return RMSNorm(dim or cfg.hidden_size, cfg.rms_norm_eps, cfg.arch.norm_offset)
 
 
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
         self.layer, self.h, self.kv, self.d = layer, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        bias = cfg.arch.qkv_bias
-        self.q_proj = nn.Linear(cfg.hidden_size, self.h * self.d, bias=bias)
-        self.k_proj = nn.Linear(cfg.hidden_size, self.kv * self.d, bias=bias)
-        self.v_proj = nn.Linear(cfg.hidden_size, self.kv * self.d, bias=bias)
-        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=False)
+        arch, bias = cfg.arch, cfg.attention_bias
+        qkv_bias = arch.qkv_bias or bias
+        widths = (self.h * self.d, self.kv * self.d, self.kv * self.d)
+        if arch.fused:  # stored as one Linear (Phi-3)
+            self.qkv_proj = nn.Linear(cfg.hidden_size, sum(widths), bias=qkv_bias)
+        else:
+            self.q_proj, self.k_proj, self.v_proj = (nn.Linear(cfg.hidden_size, w, bias=qkv_bias) for w in widths)
+        self.o_proj = nn.Linear(self.h * self.d, cfg.hidden_size, bias=bias)
+        self.widths = widths
+        # q/k norms: over each head's D (Qwen3, Gemma 3) or over the whole projection (OLMo 2)
+        self.qk_norm = arch.qk_norm
+        if arch.qk_norm == "head":
+            self.q_norm, self.k_norm = norm(cfg, self.d), norm(cfg, self.d)
+        elif arch.qk_norm == "proj":
+            self.q_norm, self.k_norm = norm(cfg, widths[0]), norm(cfg, widths[1])
         self.qkv = None  # the CPU runtime's q, k and v as one Linear (runtime/cpu_fusion.py), replacing the three
         # Set by Decoder.forward for the duration of a call, so that a hook on this module
         # (calibration) sees one tensor in and one out.
         self.rope: tuple[torch.Tensor, torch.Tensor] | None = None
         self.backend = None
 
+    def project(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, T, H(kv) * D] of x [B, T, C]."""
+        joined = self.qkv if self.qkv is not None else getattr(self, "qkv_proj", None)
+        if joined is not None:
+            return joined(x).split(self.widths, -1)  # views of [B, T, (H + 2KVH) D]
+        return self.q_proj(x), self.k_proj(x), self.v_proj(x)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, T, _ = x.shape  # x [B, T, C]
-        if self.qkv is not None:
-            q, k, v = self.qkv(x).split((self.h * self.d, self.kv * self.d, self.kv * self.d), -1)  # views of [B, T, (H + 2KVH) D]
-        else:
-            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q, k, v = self.project(x)
+        if self.qk_norm == "proj":
+            q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.view(B, T, self.h, self.d), k.view(B, T, self.kv, self.d), v.view(B, T, self.kv, self.d)
+        if self.qk_norm == "head":
+            q, k = self.q_norm(q), self.k_norm(k)
         cos, sin = self.rope
         q, k = self.backend.rotate(q, cos, sin), self.backend.rotate(k, cos, sin)
         o = self.backend(self.layer, q, k, v)  # [B, T, H, D]
@@ -119,30 +94,46 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.up_proj = nn.Linear(cfg.hidden_size, cfg.intermediate_size, bias=False)
-        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+        C, M = cfg.hidden_size, cfg.intermediate_size
+        if cfg.arch.fused:  # stored as one Linear (Phi-3): gate rows, then up rows
+            self.gate_up_proj = nn.Linear(C, 2 * M, bias=False)
+        else:
+            self.gate_proj, self.up_proj = nn.Linear(C, M, bias=False), nn.Linear(C, M, bias=False)
+        self.down_proj = nn.Linear(M, C, bias=False)
+        self.act = ACTIVATIONS[cfg.hidden_act]
         self.gate_up = None  # the CPU runtime's gate and up as one Linear (runtime/cpu_fusion.py), replacing the two
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.gate_up is not None:
-            gate, up = self.gate_up(x).chunk(2, -1)  # views of [B, T, 2 * MLP]
+        joined = self.gate_up if self.gate_up is not None else getattr(self, "gate_up_proj", None)
+        if joined is not None:
+            gate, up = joined(x).chunk(2, -1)  # views of [B, T, 2 * MLP]
         else:
             gate, up = self.gate_proj(x), self.up_proj(x)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.act(gate) * up)
 
 
 class Block(nn.Module):
+    """x + attn_out(attn(attn_in(x))) * r, then the same for the MLP; a norm the family lacks is the identity."""
+
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.slots = cfg.arch.norms
+        for name in self.slots.names():
+            setattr(self, name, norm(cfg))
         self.self_attn = Attention(cfg, layer)
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
+        self.residual_multiplier = cfg.residual_multiplier
+        self.linears = cfg.arch.linears
+
+    def _norm(self, name: str | None, x: torch.Tensor) -> torch.Tensor:
+        return x if name is None else getattr(self, name)(x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x))
-        return x + self.mlp(self.post_attention_layernorm(x))
+        s, r = self.slots, self.residual_multiplier
+        h = self._norm(s.attn_out, self.self_attn(self._norm(s.attn_in, x)))
+        x = x + (h if r == 1.0 else h * r)
+        h = self._norm(s.mlp_out, self.mlp(self._norm(s.mlp_in, x)))
+        return x + (h if r == 1.0 else h * r)
 
 
 class Inner(nn.Module):
@@ -152,7 +143,7 @@ class Inner(nn.Module):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = nn.ModuleList(Block(cfg, i) for i in range(cfg.num_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.norm = norm(cfg)
 
 
 class Decoder(nn.Module):
@@ -163,31 +154,53 @@ class Decoder(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         if cfg.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
-        # A plain attribute, not a buffer: model.to(bf16) must not round the frequencies.
-        self.inv_freq = rope_inv_freq(cfg)
+        # Plain attributes, not buffers: model.to(bf16) must not round the frequencies. [global, sliding layers' own]
+        params = {"rope_theta": cfg.rope_theta, "partial_rotary_factor": cfg.partial_rotary_factor, **(cfg.rope_scaling or {})}
+        with torch.device("cpu"):  # real values even when the modules are built on the meta device
+            self.ropes: list[Rope] = [make_rope(p, cfg.head_dim, cfg.max_position_embeddings)
+                                      for p in (params, cfg.local_rope) if p is not None]
+        self.embed_scale = cfg.embed_multiplier * (cfg.hidden_size**0.5 if cfg.arch.embed_scale_sqrt else 1.0)
 
-    def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        freqs = positions[..., None].float() * self.inv_freq.to(positions.device)  # [B, T, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [B, T, D]
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+    def rope(self, positions: torch.Tensor, dtype: torch.dtype, lengths: torch.Tensor | None = None, which: int = 0):
+        """cos, sin [B, T, R] of rotary table ``which`` (``cfg.layer_rope``) at positions [B, T]."""
+        return self.ropes[which].tables(positions, dtype, lengths)
 
-    def prepare(self, positions: torch.Tensor, dtype: torch.dtype, backend=None) -> None:
+    def backend(self) -> DenseCausal:
+        return DenseCausal(self.cfg.attention())
+
+    def prepare(self, positions: torch.Tensor, dtype: torch.dtype, backend=None, lengths: torch.Tensor | None = None) -> None:
         """Set rotary tables and the attention backend on every block before running them."""
-        rope = self.rope(positions, dtype)
-        backend = backend or DenseCausal(self.cfg.sliding_window)
-        for block in self.model.layers:
-            block.self_attn.rope, block.self_attn.backend = rope, backend
+        tables = [self.rope(positions, dtype, lengths, i) for i in range(len(self.ropes))]
+        backend = backend or self.backend()
+        for i, block in enumerate(self.model.layers):
+            block.self_attn.rope, block.self_attn.backend = tables[self.cfg.layer_rope(i)], backend
 
-    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, backend=None) -> torch.Tensor:
+    def embed(self, input_ids: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """Scaled embeddings [B, T, C] of input_ids [B, T], from ``weight`` if given (a table read apart)."""
+        x = F.embedding(input_ids, weight) if weight is not None else self.model.embed_tokens(input_ids)
+        # Gemma rounds sqrt(hidden) to the table's dtype, as transformers does
+        return x if self.embed_scale == 1.0 else x * torch.tensor(self.embed_scale, dtype=x.dtype)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """lm_head of final-norm hidden states, with Granite's logits scaling and Gemma 2's final soft-cap."""
+        out = self.lm_head(hidden)
+        if self.cfg.logits_divisor != 1.0:
+            out = out / self.cfg.logits_divisor
+        if self.cfg.final_softcap is not None:
+            out = torch.tanh(out / self.cfg.final_softcap) * self.cfg.final_softcap
+        return out
+
+    def hidden(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, backend=None,
+               lengths: torch.Tensor | None = None) -> torch.Tensor:
         """Final-norm hidden states [B, T, C] for input_ids [B, T]."""
         if positions is None:
             positions = torch.arange(input_ids.shape[1], device=input_ids.device).expand_as(input_ids)
-        x = self.model.embed_tokens(input_ids).to(self.model.norm.weight.dtype)  # [B, T, C]; the table may be stored narrower
-        self.prepare(positions, x.dtype, backend)
+        x = self.embed(input_ids).to(self.model.norm.weight.dtype)  # [B, T, C]; the table may be stored narrower
+        self.prepare(positions, x.dtype, backend, lengths)
         for block in self.model.layers:
             x = block(x)
         return self.model.norm(x)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor | None = None, backend=None) -> torch.Tensor:
         """Logits [B, T, V] for input_ids [B, T]."""
-        return self.lm_head(self.hidden(input_ids, positions, backend))
+        return self.logits(self.hidden(input_ids, positions, backend))

@@ -16,7 +16,7 @@ from torch import nn
 
 from compress.model.checkpoint import FP8, Checkpoint
 from compress.model.config import ModelConfig
-from compress.model.decoder import Decoder, rope_inv_freq
+from compress.model.decoder import Decoder
 
 Reader = Callable[[str, nn.Module], dict[str, torch.Tensor]]
 # Tensors that keep their stored dtype whatever the model's dtype: codes, indices, and int8's fp16 outlier columns.
@@ -38,7 +38,6 @@ def cast(tensors: dict[str, torch.Tensor], dtype: torch.dtype | None) -> dict[st
 def skeleton(cfg: ModelConfig) -> Decoder:
     with torch.device("meta"):
         model = Decoder(cfg)
-    model.inv_freq = rope_inv_freq(cfg)  # the meta device gave it no values
     return model
 
 

@@ -9,7 +9,7 @@ from compress.errors import UserError
 from compress.model import lazy
 from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
-from compress.model.decoder import Decoder, rope_inv_freq
+from compress.model.decoder import Decoder
 from compress.model.shards import ShardWriter
 
 TOKENIZER_FILES = (
@@ -35,7 +35,6 @@ def build(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Decoder:
     with torch.device("meta"):
         model = Decoder(cfg)
     model = model.to_empty(device="cpu").to(dtype)
-    model.inv_freq = rope_inv_freq(cfg)  # the meta device gave it no values
     return model
 
 

@@ -80,7 +80,7 @@ class Student(nn.Module):
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits [B, T, V] and the projected hidden states [B, T, Ct] (None without a projection)."""
         hidden = self.decoder.hidden(ids)  # [B, T, Cs]
-        return self.decoder.lm_head(hidden), None if self.proj is None else self.proj(hidden)
+        return self.decoder.logits(hidden), None if self.proj is None else self.proj(hidden)
 
 
 class Teacher(nn.Module):
@@ -94,7 +94,7 @@ class Teacher(nn.Module):
     def forward(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Final hidden states [B, T, Ct] and logits [B, T, V]."""
         hidden = self.decoder.hidden(ids)
-        return hidden, self.decoder.lm_head(hidden)
+        return hidden, self.decoder.logits(hidden)
 
 
 def split_state(weights: dict[str, torch.Tensor], tied: bool) -> tuple[dict, dict]:

@@ -13,11 +13,11 @@ slot t % block_size of block block_table[t // block_size].
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from compress import kernels
 from compress.kernels import paged_attention_cpu, rope_cpu
-from compress.model.decoder import apply_rope
+from compress.model.attention import AttentionSpec, attend, window_mask
+from compress.model.rope import apply_rope
 
 DECODE_ROWS = 16  # beyond this many new tokens a sequence's rows cost more gathered than as one causal SDPA
 GROUP_SLACK = 1.25  # CPU decode: a group's KV padded to its longest row may be this much more than its real KV
@@ -58,6 +58,7 @@ class Prefill:
 @dataclass
 class AttentionMetadata:
     positions: torch.Tensor  # [N] long: position of every new token in its sequence
+    lengths: torch.Tensor  # [N] long: the length of every new token's sequence after this step (longrope's choice)
     slots: torch.Tensor  # [N] long: cache slot (block * block_size + offset) of every new token
     decode_rows: torch.Tensor  # [Sd] long: rows attended as decodes (see DECODE_ROWS)
     decode_tables: torch.Tensor  # [Sd, MB] int32 block table of each row's sequence
@@ -82,29 +83,35 @@ class AttentionMetadata:
             for i, n in enumerate(lens) if n > DECODE_ROWS
         ]
         return cls(
-            positions.to(device), slots.to(device), decode.to(device), table[seq_of_row[decode], :decode_width].to(device),
+            positions.to(device), (starts_t + lens_t)[seq_of_row].to(device), slots.to(device), decode.to(device), table[seq_of_row[decode], :decode_width].to(device),
             decode_lens.to(device), [Prefill(p.start, p.end, p.context, p.blocks.to(device)) for p in prefills],
         )
 
 
 class PagedAttention:
-    """backend(layer, q [1, N, H, D], k, v [1, N, KVH, D]) -> [1, N, H, D] over the paged cache ``kv``."""
+    """backend(layer, q [1, N, H, D], k, v [1, N, KVH, D]) -> [1, N, H, D] over the paged cache ``kv``.
 
-    def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, sliding_window: int | None, cpu_kernel: bool = True,
+    Each layer attends with its own window, the model's scale and soft-cap (``spec``, ``ModelConfig.attention``).
+    The kernels take causal attention with a scale; a window or a soft-cap takes the torch path."""
+
+    def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, spec: AttentionSpec = AttentionSpec(), cpu_kernel: bool = True,
                  rope_kernel: bool = False):
         """cpu_kernel=False: CPU decodes take the torch path even where the C kernel builds; rope_kernel: q and k
         are rotated by ``kernels/rope_cpu.py`` where it takes them (the same numbers as torch's expression)."""
         self.kv = kv  # [2, L, num_blocks, block_size, KVH, D]
-        self.meta, self.window, self.rope_kernel = meta, sliding_window, rope_kernel
-        use_kernel = sliding_window is None and (kv.is_cuda or (cpu_kernel and paged_attention_cpu.supports(kv)))
-        self.groups = [] if use_kernel or not meta.decode_rows.numel() else self._decode_groups(kv.shape[3])
+        self.meta, self.rope_kernel = meta, rope_kernel
+        self.spec, self.scale, self.softcap = spec, spec.scale, spec.softcap
+        use_kernel = spec.plain() and (kv.is_cuda or (cpu_kernel and paged_attention_cpu.supports(kv)))
+        # the CPU decode rows' groups for each window the layers use, built once per step (every layer reuses them)
+        self.groups = {} if use_kernel or not meta.decode_rows.numel() else {
+            w: self._decode_groups(kv.shape[3], w) for w in {spec.window(i) for i in range(kv.shape[1])}}
         # The C kernel's bounds depend on the tables and the pool, not the layer: checked here, once a step.
         self.c_kernel = use_kernel and not kv.is_cuda and meta.decode_rows.numel() > 0
         if self.c_kernel:
             paged_attention_cpu.check_bounds(kv[0, 0], meta.decode_tables, meta.decode_lens)
 
-    def _decode_groups(self, block_size: int) -> list[DecodeGroup]:
-        """The CPU decode rows' groups, built once per step (every layer reuses them)."""
+    def _decode_groups(self, block_size: int, window: int | None) -> list[DecodeGroup]:
+        """The CPU decode rows' groups, their masks cut to ``window``."""
         lens = self.meta.decode_lens.long()  # [Sd]
         blocks = (-(-lens // block_size)).tolist()
         groups = []
@@ -113,8 +120,8 @@ class PagedAttention:
             width = max(blocks[i] for i in members)
             j = torch.arange(width * block_size, device=lens.device)  # [MB * bs] key positions
             mask = j[None] < lens[idx, None]  # [G, MB * bs]
-            if self.window is not None:
-                mask &= j[None] >= lens[idx, None] - self.window
+            if window is not None:
+                mask &= j[None] >= lens[idx, None] - window
             groups.append(DecodeGroup(idx, self.meta.decode_tables[idx, :width].long(), mask[:, None, None]))
         return groups
 
@@ -132,46 +139,40 @@ class PagedAttention:
         out = torch.empty_like(q[0])  # [N, H, D]
         rows = self.meta.decode_rows
         if rows.numel():
-            out.index_copy_(0, rows, self._decode(q[0, rows], k_cache, v_cache))
+            out.index_copy_(0, rows, self._decode(q[0, rows], k_cache, v_cache, self.spec.window(layer)))
         for p in self.meta.prefills:
-            out[p.start:p.end] = self._prefill(q[0, p.start:p.end], k[0, p.start:p.end], v[0, p.start:p.end], p, k_cache, v_cache)
+            out[p.start:p.end] = self._prefill(q[0, p.start:p.end], k[0, p.start:p.end], v[0, p.start:p.end], p, k_cache, v_cache,
+                                               self.spec.window(layer))
         return out[None]
 
-    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> torch.Tensor:
+    def _decode(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, window: int | None) -> torch.Tensor:
         """[Sd, H, D]: one query per sequence over its cached tokens."""
         if self.c_kernel:
-            return paged_attention_cpu.unchecked(q.contiguous(), k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens)
+            return paged_attention_cpu.unchecked(q.contiguous(), k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens,
+                                                 self.scale)
         if not self.groups:
-            return kernels.paged_attention(q, k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens)
-        # CPU without the C kernel (no compiler, not fp32, or a sliding window): per group of rows with
-        # similar context, one batched call over the gathered blocks (padding masked out) instead of
-        # the reference's loop over sequences.
+            return kernels.paged_attention(q, k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens, self.scale)
+        # CPU without the C kernel (no compiler, not fp32, a sliding window or a soft-cap), and GPU with a
+        # window or a soft-cap: per group of rows with similar context, one batched call over the gathered
+        # blocks (padding masked out) instead of the reference's loop over sequences.
         out = torch.empty_like(q)  # [Sd, H, D]
-        for g in self.groups:
+        for g in self.groups[window]:
             k = k_cache[g.tables].flatten(1, 2).transpose(1, 2)  # [G, KVH, MB*bs, D]
             v = v_cache[g.tables].flatten(1, 2).transpose(1, 2)
-            o = F.scaled_dot_product_attention(q[g.idx, :, None], k, v, attn_mask=g.mask, enable_gqa=True)  # [G, H, 1, D]
+            o = attend(q[g.idx, :, None], k, v, g.mask, False, self.scale, self.softcap)  # [G, H, 1, D]
             out[g.idx] = o[:, :, 0]
         return out
 
-    def _prefill(self, q, k, v, p: Prefill, k_cache, v_cache) -> torch.Tensor:
+    def _prefill(self, q, k, v, p: Prefill, k_cache, v_cache, window: int | None) -> torch.Tensor:
         """[n, H, D]: n new tokens, causal over the cached prefix and themselves."""
         n, kv_heads, dim = k.shape
         if p.context > n:  # a cached prefix: read every key from the cache
             k = k_cache[p.blocks].reshape(-1, kv_heads, dim)[: p.context]  # [ctx, KVH, D]
             v = v_cache[p.blocks].reshape(-1, kv_heads, dim)[: p.context]
-        causal = p.context == n and (self.window is None or n <= self.window)
-        mask = None
-        if not causal:
-            i = torch.arange(p.context - n, p.context, device=q.device)[:, None]  # query positions
-            j = torch.arange(p.context, device=q.device)[None]  # key positions
-            mask = j <= i  # [n, ctx]
-            if self.window is not None:
-                mask &= i - j < self.window
+        causal = p.context == n and (window is None or n <= window)
+        mask = None if causal else window_mask(torch.arange(p.context - n, p.context, device=q.device), p.context, window)  # [n, ctx]
         # 4-D operands: torch's CPU flash kernel takes only those (3-D ones fall back to the math
         # path, 2-3x slower here, materializing the whole score matrix).
-        out = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], attn_mask=mask, is_causal=causal,
-            enable_gqa=True,
-        )  # [1, H, n, D]
+        out = attend(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None], mask, causal, self.scale,
+                     self.softcap)  # [1, H, n, D]
         return out[0].transpose(0, 1)

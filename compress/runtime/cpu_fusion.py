@@ -14,8 +14,9 @@ from torch import nn
 
 from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
 
-# (the block's submodule, the Linears it reads one input with, the attribute of their joined Linear)
-JOINS = (("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv"), ("mlp", ("gate_proj", "up_proj"), "gate_up"))
+# (the block's submodule, the Linears it reads one input with, the attribute of their joined Linear, the name a
+# family that stores them joined gives them: Phi-3's qkv_proj / gate_up_proj are taken over as they are)
+JOINS = (("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv", "qkv_proj"), ("mlp", ("gate_proj", "up_proj"), "gate_up", "gate_up_proj"))
 
 
 def _bias(parts: list[nn.Module]) -> torch.Tensor | None:
@@ -45,8 +46,12 @@ def join_projections(model: nn.Module) -> int:
     """Join each block's q/k/v and gate/up where they are joinable, in place; the number of joins made."""
     count = 0
     for block in model.model.layers:
-        for owner_name, names, attr in JOINS:
+        for owner_name, names, attr, stored in JOINS:
             owner = block.get_submodule(owner_name)
+            if hasattr(owner, stored):
+                setattr(owner, attr, getattr(owner, stored))
+                delattr(owner, stored)
+                continue
             parts = [getattr(owner, name) for name in names]
             if not joinable(parts):
                 continue

@@ -17,6 +17,7 @@ from torch import nn
 
 from compress.kernels import paged_attention_cpu, rope_cpu
 from compress.model.config import ModelConfig
+from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_fusion import join_projections
@@ -43,7 +44,7 @@ def decode_candidates(cfg: ModelConfig, block_size: int, rows: int) -> dict:
     meta = AttentionMetadata.build([context - 1] * rows, [1] * rows, tables, block_size, "cpu")
     q = torch.randn(1, rows, cfg.num_heads, cfg.head_dim, generator=gen)
     k, v = (torch.randn(1, rows, cfg.num_kv_heads, cfg.head_dim, generator=gen) for _ in range(2))
-    backends = {C: PagedAttention(kv, meta, None, cpu_kernel=True), TORCH: PagedAttention(kv, meta, None, cpu_kernel=False)}
+    backends = {C: PagedAttention(kv, meta, AttentionSpec(), cpu_kernel=True), TORCH: PagedAttention(kv, meta, AttentionSpec(), cpu_kernel=False)}
     return {name: (lambda b=b: b(0, q, k, v)) for name, b in backends.items()}
 
 
@@ -109,9 +110,9 @@ def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = Non
     for g in linears.groups:
         timings.request(g.op, config.max_num_batched_tokens, g.preferred, lambda rows, g=g: time_candidates(candidates(g, rows)))
     cfg, why = model.cfg, FALLBACK
-    attention = cfg.sliding_window is None and paged_attention_cpu.supports(torch.empty(0, dtype=config.torch_dtype))
-    if cfg.sliding_window is not None:
-        why = "torch's path (the C kernel has no sliding window)"
+    attention = cfg.plain_attention() and paged_attention_cpu.supports(torch.empty(0, dtype=config.torch_dtype))
+    if not cfg.plain_attention():
+        why = "torch's path (the C kernel has no sliding window or soft-cap)"
     elif attention:
         timings.request(attention_op(cfg, config.block_size), config.max_num_seqs, TORCH,
                         lambda rows: time_candidates(decode_candidates(cfg, config.block_size, rows)))

@@ -14,7 +14,8 @@ from torch import nn
 
 from compress.kernels import rms_norm_cpu, rope_cpu
 from compress.model.config import ModelConfig
-from compress.model.decoder import RMSNorm, apply_rope
+from compress.model.decoder import RMSNorm
+from compress.model.rope import apply_rope
 from compress.runtime.kernel_choice import C, TORCH
 
 PASS_ELEMENTS = 1 << 16
@@ -30,7 +31,7 @@ class CpuRMSNorm(RMSNorm):
 
     def __init__(self, norm: RMSNorm):
         nn.Module.__init__(self)
-        self.weight, self.eps = norm.weight, norm.eps
+        self.weight, self.eps, self.offset = norm.weight, norm.eps, norm.offset
         self.use_c = [False]  # set from the Plan of its width
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -40,10 +41,12 @@ class CpuRMSNorm(RMSNorm):
 
 
 def swap_norms(model: nn.Module) -> list[CpuRMSNorm]:
-    """Replace every RMSNorm of an fp32 model by a CpuRMSNorm (none where the kernel is not built)."""
+    """Replace every RMSNorm of an fp32 model over the hidden width by a CpuRMSNorm (none where the kernel is not
+    built). The kernel computes x * w: Gemma's (1 + w) norms, and q/k norms, keep torch's path."""
     if rms_norm_cpu.load() is None:
         return []
-    found = [(name, m) for name, m in model.named_modules() if type(m) is RMSNorm and m.weight.dtype == torch.float32]
+    found = [(name, m) for name, m in model.named_modules() if type(m) is RMSNorm and m.weight.dtype == torch.float32
+             and not m.offset and not name.endswith(("q_norm", "k_norm"))]
     swapped = []
     for name, norm in found:
         parent, _, attr = name.rpartition(".")

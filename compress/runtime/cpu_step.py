@@ -18,6 +18,8 @@ import torch
 from torch import nn
 
 from compress.kernels import decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.model.arch import Norms
+from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata
 from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
 from compress.runtime.cpu_norms import CpuRMSNorm, use_c
@@ -29,9 +31,18 @@ def block_modules(block: nn.Module) -> list[nn.Module]:
     return [block.input_layernorm, block.post_attention_layernorm, attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj]
 
 
+def simple_layers(cfg: ModelConfig) -> bool:
+    """Layers the C loop runs: Llama's norms, no q/k norms or multipliers, SiLU, full rotation by one table,
+    plain attention (the loop calls the kernels Llama's layer needs, nothing else)."""
+    arch = cfg.arch
+    return (arch.norms == Norms() and arch.qk_norm is None and not arch.norm_offset and cfg.plain_attention()
+            and cfg.hidden_act == "silu" and cfg.residual_multiplier == 1.0 and cfg.local_rope is None
+            and cfg.partial_rotary_factor == 1.0)
+
+
 def eligible(model: nn.Module) -> bool:
     """Whether every block has the modules the C loop runs (see the module's docstring)."""
-    if model.cfg.sliding_window is not None or decode_step_cpu.load() is None:
+    if not simple_layers(model.cfg) or decode_step_cpu.load() is None:
         return False
     linears = [m for b in model.model.layers for m in block_modules(b)[2:]]
     norms = [m for b in model.model.layers for m in block_modules(b)[:2]] + [model.model.norm]
@@ -59,7 +70,7 @@ class DecodeStep:
         self.dims = torch.tensor([cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                   kv.shape[3], kv.shape[2], 0, cfg.num_layers, 1 if dense else self.first[2].group_size, int(dense)],
                                  dtype=torch.int32)
-        self.eps, self.scale = self.first[0].eps, cfg.head_dim**-0.5
+        self.eps, self.scale = self.first[0].eps, cfg.scale()
         self.scratch = torch.empty(0)  # grown to the most rows a step has had
 
     @staticmethod
@@ -80,8 +91,8 @@ class DecodeStep:
     def __call__(self, ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """ids [1, R] -> final-norm hidden states [1, R, C] (the K/V of the new tokens written into the cache)."""
         model = self.model
-        x = model.model.embed_tokens(ids).float().contiguous()  # [1, R, C]
-        cos, sin = (t.contiguous() for t in model.rope(meta.positions[None], x.dtype))  # [1, R, D]
+        x = model.embed(ids).float().contiguous()  # [1, R, C]
+        cos, sin = (t.contiguous() for t in model.rope(meta.positions[None], x.dtype, meta.lengths[None]))  # [1, R, D]
         tables, lens = meta.decode_tables.contiguous(), meta.decode_lens.contiguous()
         paged_attention_cpu.check_bounds(self.kv[0, 0], tables, lens)
         self.dims[7] = tables.shape[1]

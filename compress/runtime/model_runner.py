@@ -79,9 +79,9 @@ class ModelRunner:
         if self.decode_step is not None and self.decode_step.takes(meta, len(ids), cpu_kernel, rope_kernel):
             h = self.decode_step(ids_t, meta)  # [1, N, C]
         else:
-            backend = PagedAttention(self.kv, meta, self.model.cfg.sliding_window, cpu_kernel, rope_kernel)
-            h = self.model.hidden(ids_t, meta.positions[None], backend)  # [1, N, C]
-        logits = self.model.lm_head(h[0, last_rows + prompt_rows]).float()  # [S + R, V]
+            backend = PagedAttention(self.kv, meta, self.model.cfg.attention(), cpu_kernel, rope_kernel)
+            h = self.model.hidden(ids_t, meta.positions[None], backend, meta.lengths[None])  # [1, N, C]
+        logits = self.model.logits(h[0, last_rows + prompt_rows]).float()  # [S + R, V]
         return logits[:len(last_rows)], logits[len(last_rows):]
 
     def _copy_blocks(self, copies: list[tuple[int, int]]) -> None:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from compress.kernels import rope_cpu
-from compress.model.decoder import apply_rope
+from compress.model.rope import apply_rope
 
 needs_compiler = pytest.mark.skipif(rope_cpu.load() is None, reason="no C compiler builds the kernel here")
 

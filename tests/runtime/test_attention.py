@@ -5,6 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.kernels import paged_attention_cpu, reference
+from compress.model.attention import AttentionSpec
 from compress.runtime.attention import DECODE_ROWS, GROUP_SLACK, AttentionMetadata, PagedAttention, group_by_context
 
 L, NB, BS, H, KV, D = 1, 16, 4, 4, 2, 8
@@ -37,7 +38,7 @@ def test_mixed_step_matches_reference_and_dense(lens, tables, cpu_path):
     assert len(meta.prefills) == sum(n > DECODE_ROWS for n in lens)
     n = sum(lens)
     q, k, v = torch.randn(1, n, H, D), torch.randn(1, n, KV, D), torch.randn(1, n, KV, D)
-    out = PagedAttention(kv, meta, None, cpu_kernel=cpu_path == "c-kernel")(0, q, k, v)[0]  # [N, H, D]
+    out = PagedAttention(kv, meta, AttentionSpec(), cpu_kernel=cpu_path == "c-kernel")(0, q, k, v)[0]  # [N, H, D]
 
     flat_k, flat_v = kv[0, 0].view(-1, KV, D), kv[1, 0].view(-1, KV, D)
     assert torch.equal(flat_k[meta.slots], k[0]) and torch.equal(flat_v[meta.slots], v[0])
@@ -62,13 +63,13 @@ def test_sliding_window_masks_old_tokens():
     kv = torch.randn(2, L, NB, BS, KV, D)
     meta = AttentionMetadata.build([10], [1], [[0, 1, 2]], BS, "cpu")
     q, k, v = torch.randn(1, 1, H, D), torch.randn(1, 1, KV, D), torch.randn(1, 1, KV, D)
-    out = PagedAttention(kv, meta, 3)(0, q, k, v)[0]
+    out = PagedAttention(kv, meta, AttentionSpec((3,)))(0, q, k, v)[0]
     # Only positions 8, 9, 10 count: slots 0-2 of block 2, i.e. the reference over block 2 with 3 tokens.
     ref = reference.paged_attention(
         q[0], kv[0, 0], kv[1, 0], torch.tensor([[2]], dtype=torch.int32), torch.tensor([3], dtype=torch.int32)
     )
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
-    unwindowed = PagedAttention(kv, meta, None)(0, q, k, v)[0]
+    unwindowed = PagedAttention(kv, meta)(0, q, k, v)[0]
     assert (unwindowed - ref).abs().max() > 1e-3
 
 
@@ -94,8 +95,8 @@ def test_decode_rows_of_very_different_contexts_match_the_reference(cpu_path):
         tables.append(perm[used:used + n])
         used += n
     meta = AttentionMetadata.build(ctx, [1] * len(ctx), tables, BS, "cpu")
-    backend = PagedAttention(kv, meta, None, cpu_kernel=cpu_path == "c-kernel")
-    assert 1 < len(backend.groups) < len(ctx) if cpu_path == "torch" else not backend.groups
+    backend = PagedAttention(kv, meta, AttentionSpec(), cpu_kernel=cpu_path == "c-kernel")
+    assert 1 < len(backend.groups[None]) < len(ctx) if cpu_path == "torch" else not backend.groups
     q, k, v = torch.randn(1, len(ctx), H, D), torch.randn(1, len(ctx), KV, D), torch.randn(1, len(ctx), KV, D)
     out = backend(0, q, k, v)[0]
     width = max(len(t) for t in tables)

@@ -5,7 +5,9 @@ import torch
 
 from compress.kernels import rms_norm_cpu, rope_cpu
 from compress.model.config import ModelConfig
-from compress.model.decoder import RMSNorm, apply_rope
+from compress.model.decoder import RMSNorm
+from compress.model.rope import apply_rope
+from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_norms import CpuRMSNorm, norm_candidates, rope_candidates, swap_norms
 from compress.runtime.kernel_choice import C, TORCH
@@ -46,7 +48,7 @@ def test_the_paged_backend_rotates_in_the_kernel_when_told():
     q, cos, sin = torch.randn(1, 3, 4, 8), torch.rand(1, 3, 8), torch.rand(1, 3, 8)
     ref = apply_rope(q, cos, sin)
     for rope_kernel in (False, True):
-        assert torch.equal(PagedAttention(kv, meta, None, rope_kernel=rope_kernel).rotate(q, cos, sin), ref)
+        assert torch.equal(PagedAttention(kv, meta, AttentionSpec(), rope_kernel=rope_kernel).rotate(q, cos, sin), ref)
 
 
 @needs_kernels

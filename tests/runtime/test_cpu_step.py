@@ -5,6 +5,7 @@ import torch
 
 from compress.kernels import decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
 from compress.runtime import SamplingParams, cpu_kernels
+from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_step import DecodeStep, eligible
 from compress.runtime.kernel_choice import C, TORCH
@@ -27,7 +28,7 @@ def prefill(runner, prompts: list[list[int]], tables: list[list[int]]) -> None:
     meta = AttentionMetadata.build([0] * len(prompts), [len(p) for p in prompts], tables, 16, "cpu")
     ids = torch.tensor([[t for p in prompts for t in p]])
     with torch.inference_mode():
-        runner.model.hidden(ids, meta.positions[None], PagedAttention(runner.kv, meta, None))
+        runner.model.hidden(ids, meta.positions[None], PagedAttention(runner.kv, meta))
 
 
 @needs_kernels
@@ -47,7 +48,7 @@ def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_dir,
     h_step = runner.decode_step(ids, meta)
     kv_step, runner.kv[:] = runner.kv.clone(), before
     with torch.inference_mode():
-        h_modules = runner.model.hidden(ids, meta.positions[None], PagedAttention(runner.kv, meta, None, True, True))
+        h_modules = runner.model.hidden(ids, meta.positions[None], PagedAttention(runner.kv, meta, AttentionSpec(), True, True))
     torch.testing.assert_close(kv_step[:, 0], runner.kv[:, 0], rtol=0, atol=0)  # block 0's rotated K and V: bit for bit
     torch.testing.assert_close(kv_step, runner.kv, rtol=1e-5, atol=1e-6)  # later blocks: after SiLU(gate) * up, computed apart
     torch.testing.assert_close(h_step, h_modules, rtol=1e-5, atol=1e-5)
