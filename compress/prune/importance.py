@@ -3,8 +3,10 @@
 - MLP neuron i of layer l: mean |a_i| of the intermediate activation (the input of down_proj).
 - Attention head h of layer l: mean over tokens of the L2 norm of the head's output (its slice of
   the input of o_proj).
-- Embedding channel c: mean |x_c| of every RMSNorm output (both norms of each block and the final
-  one), summed over them.
+- Embedding channel c: mean |x_c| of every hidden-wide RMSNorm output (the norms a family has in
+  each block, ``cfg.arch.norms``: those before a sublayer and, in Gemma and OLMo 2, those on its
+  output, which the residual stream adds; and the final one), summed over them. OLMo 2 has only
+  the output norms (its sublayers read the raw stream); q/k norms are not on the hidden width.
 - Layer l (depth): Block Importance, 1 - mean cos(x_in, x_out) of the block's residual stream; a
   block that barely turns its input matters least.
 
@@ -59,9 +61,8 @@ def activation_importance(model: Decoder, tokens: torch.Tensor, batch: int = 8) 
     for i, block in enumerate(model.model.layers):
         hooks += [block.mlp.down_proj.register_forward_pre_hook(on_down(i)),
                   block.self_attn.o_proj.register_forward_pre_hook(on_o(i)),
-                  block.input_layernorm.register_forward_hook(on_norm),
-                  block.post_attention_layernorm.register_forward_hook(on_norm),
                   block.register_forward_hook(on_block(i))]
+        hooks += [getattr(block, name).register_forward_hook(on_norm) for name in cfg.arch.norms.names()]
     hooks.append(model.model.norm.register_forward_hook(on_norm))
     try:
         for chunk in tqdm(tokens.split(batch), desc="importance", unit="batch"):

@@ -7,8 +7,9 @@ The terms follow what prune_distill.py and distill.py do:
   parameter; under bf16 autocast (CUDA) also the bf16 copies of its weights that autocast keeps for
   the backward, 2 more. The `--hidden-weight` projection (Cs x Ct) is trained with it.
 - activations: what the student's forward saves for the backward, per token and layer
-  (`per_token_layer`; SDPA stores no T x T scores): the fp32 residual stream into both RMSNorms,
-  the inputs of the Linears (under autocast one bf16 cast of the normed x per Linear), rotated q
+  (`per_token_layer`; SDPA stores no T x T scores): the fp32 input of each of the family's RMSNorms
+  (and of its q/k norms), the inputs of the Linears (under autocast one bf16 cast of the normed x per
+  Linear that reads it: five, or two where q/k/v and gate/up are fused), rotated q
   and k, v, the attention output, and the MLP's gate, silu(gate), up and their product; one more
   layer for the gradients of the backward.
 - logits: KD over the whole vocabulary, one micro-batch at a time: the teacher's and the
@@ -154,14 +155,16 @@ def size(n: int) -> str:
 
 def per_token_layer(cfg: ModelConfig, shape: Shape, autocast: bool) -> int:
     """Bytes one student layer saves for the backward, per token."""
-    C, I = shape.hidden_size, shape.intermediate_size
+    C, I, arch = shape.hidden_size, shape.intermediate_size, cfg.arch
     q, kv = shape.num_heads * cfg.head_dim, shape.num_kv_heads * cfg.head_dim
     act = 2 if autocast else 4
-    norms = 2 * 4 * C  # the fp32 residual stream into input_layernorm and post_attention_layernorm
-    linear_inputs = (5 if autocast else 2) * act * C  # autocast casts the normed x once per Linear
+    norms = len(arch.norms.names()) * 4 * C  # each hidden-wide RMSNorm's fp32 input (Llama 2, Gemma 4)
+    qk_norms = 4 * (q + kv) if arch.qk_norm else 0  # q and k before their norms
+    reads_x = len(arch.linears) - 2  # the Linears that read the normed x: all but o_proj and down_proj
+    linear_inputs = (reads_x if autocast else 2) * act * C  # autocast casts the normed x once per Linear
     attention = act * (2 * q + 2 * kv + q)  # rotated q, k; v; the output (o_proj's input counted once more)
     mlp = 4 * act * I  # gate, silu(gate), up, product
-    return norms + linear_inputs + attention + mlp
+    return norms + qk_norms + linear_inputs + attention + mlp
 
 
 def outer_params(cfg: ModelConfig, shape: Shape) -> int:

@@ -4,37 +4,58 @@ GQA rule: query head h belongs to KV group h // (H / KV). Pruning keeps the same
 heads in every kept group, so the pruned model is again a uniform GQA model: a group scores the
 sum of its best H'/KV' heads, the best KV' groups stay, and in each the best H'/KV' heads stay,
 in their original order (so head i of the pruned model still reads KV group i // (H'/KV')).
+
+Every family is sliced by the same table: a parameter's name says what indexes each of its dims.
+Fused projections (Phi-3) are their parts' row blocks, sliced alike: qkv_proj's q rows, then k,
+then v; gate_up_proj's gate rows, then up rows. q/k norms over a head's D stay whole (D is never
+pruned); over the whole projection (OLMo 2) they are sliced like q and k. Gemma scales embeddings
+by sqrt(hidden_size), which a narrower model changes: the table takes the difference.
 """
 
 from dataclasses import asdict, dataclass
 
 import torch
 
+from compress.errors import UserError
+from compress.model.arch import Arch
+from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
 from compress.model.load import build, load_weights, state_for_saving
 from compress.prune.importance import Importance
 from compress.prune.shape import Shape
 
-# parameter name (after "model.layers.N.") -> what indexes each of its dims; None keeps a dim whole
-LAYER_SLICES = {
-    "input_layernorm.weight": ("channels",),
-    "post_attention_layernorm.weight": ("channels",),
+# parameter name (after "model.layers.N.") -> what indexes each of its dims; None keeps a dim whole.
+# A name the family lacks is skipped; its norms and q/k norms are added by layer_slices.
+LINEAR_SLICES = {
     "self_attn.q_proj.weight": ("q_rows", "channels"),
     "self_attn.q_proj.bias": ("q_rows",),
     "self_attn.k_proj.weight": ("kv_rows", "channels"),
     "self_attn.k_proj.bias": ("kv_rows",),
     "self_attn.v_proj.weight": ("kv_rows", "channels"),
     "self_attn.v_proj.bias": ("kv_rows",),
+    "self_attn.qkv_proj.weight": ("qkv_rows", "channels"),
+    "self_attn.qkv_proj.bias": ("qkv_rows",),
     "self_attn.o_proj.weight": ("channels", "q_rows"),
+    "self_attn.o_proj.bias": ("channels",),
     "mlp.gate_proj.weight": ("neurons", "channels"),
     "mlp.up_proj.weight": ("neurons", "channels"),
+    "mlp.gate_up_proj.weight": ("gate_up_rows", "channels"),
     "mlp.down_proj.weight": ("channels", "neurons"),
+}
+QK_NORM_SLICES = {
+    None: {},
+    "head": {"self_attn.q_norm.weight": (None,), "self_attn.k_norm.weight": (None,)},
+    "proj": {"self_attn.q_norm.weight": ("q_rows",), "self_attn.k_norm.weight": ("kv_rows",)},
 }
 GLOBAL_SLICES = {
     "model.embed_tokens.weight": (None, "channels"),
     "model.norm.weight": ("channels",),
     "lm_head.weight": (None, "channels"),
 }
+
+
+def layer_slices(arch: Arch) -> dict[str, tuple]:
+    return {**{f"{n}.weight": ("channels",) for n in arch.norms.names()}, **QK_NORM_SLICES[arch.qk_norm], **LINEAR_SLICES}
 
 
 @dataclass
@@ -80,19 +101,52 @@ def slice_tensor(t: torch.Tensor, dims: tuple, index: dict[str, list[int]]) -> t
     return t.contiguous()
 
 
-def prune(model: Decoder, keep: Keep, shape: Shape) -> Decoder:
-    """A new Decoder of the pruned shape holding the kept slices of model's weights."""
-    cfg, state = model.cfg, state_for_saving(model)
-    new = {}
-    for name, dims in GLOBAL_SLICES.items():
-        if name in state:
-            new[name] = slice_tensor(state[name], dims, {"channels": keep.channels})
+def layer_index(cfg: ModelConfig, keep: Keep, i: int) -> dict[str, list[int]]:
+    """The kept indices of kept layer i by what they index (layer_slices' names)."""
+    Q, KV, M = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.intermediate_size
+    q, kv, neurons = rows(keep.heads[i], cfg.head_dim), rows(keep.kv_heads[i], cfg.head_dim), keep.neurons[i]
+    return {"channels": keep.channels, "neurons": neurons, "q_rows": q, "kv_rows": kv,
+            "qkv_rows": q + [Q + r for r in kv] + [Q + KV + r for r in kv], "gate_up_rows": neurons + [M + n for n in neurons]}
+
+
+def rule_name(name: str) -> str:
+    """A parameter's name in the slicing tables: without "model.layers.N." inside a layer."""
+    return name.split(".", 3)[3] if name.startswith("model.layers.") else name
+
+
+def sliced_state(cfg: ModelConfig, state: dict[str, torch.Tensor], keep: Keep) -> dict[str, torch.Tensor]:
+    """The kept slices of state, renamed to the kept layers' new numbers; a tensor no rule covers is refused."""
+    new = {name: slice_tensor(state[name], dims, {"channels": keep.channels})
+           for name, dims in GLOBAL_SLICES.items() if name in state}
+    slices = layer_slices(cfg.arch)
     for i, layer in enumerate(keep.layers):
-        index = {"channels": keep.channels, "neurons": keep.neurons[i],
-                 "q_rows": rows(keep.heads[i], cfg.head_dim), "kv_rows": rows(keep.kv_heads[i], cfg.head_dim)}
-        for name, dims in LAYER_SLICES.items():
+        index = layer_index(cfg, keep, i)
+        for name, dims in slices.items():
             old = f"model.layers.{layer}.{name}"
             if old in state:
                 new[f"model.layers.{i}.{name}"] = slice_tensor(state[old], dims, index)
-    dtype = next(model.parameters()).dtype
-    return load_weights(build(shape.apply(cfg), dtype), new).eval()
+    unknown = [k for k in state if rule_name(k) not in slices.keys() | GLOBAL_SLICES.keys()]
+    if unknown:
+        raise UserError(f"cannot prune this {cfg.model_type} model: no slicing rule for {unknown[0]}")
+    return new
+
+
+def rescale_embedding(state: dict[str, torch.Tensor], factor: float, cfg: ModelConfig) -> None:
+    """Embeddings scaled by the width (Gemma's sqrt(hidden_size)) keep their values in a narrower model: the table
+    is multiplied by factor (old scale / new scale); a tied lm_head reads the same table, so the final norm's scale
+    (offset + w) is divided by it, which leaves the logits as they were."""
+    if factor == 1.0:
+        return
+    state["model.embed_tokens.weight"] = state["model.embed_tokens.weight"] * factor
+    if cfg.tie_word_embeddings:
+        offset = cfg.arch.norm_offset
+        state["model.norm.weight"] = (offset + state["model.norm.weight"]) / factor - offset
+
+
+def prune(model: Decoder, keep: Keep, shape: Shape) -> Decoder:
+    """A new Decoder of the pruned shape holding the kept slices of model's weights."""
+    cfg = model.cfg
+    new = sliced_state(cfg, state_for_saving(model), keep)
+    student = build(shape.apply(cfg, keep.layers), next(model.parameters()).dtype)
+    rescale_embedding(new, model.embed_scale / student.embed_scale, cfg)
+    return load_weights(student, new).eval()
