@@ -60,10 +60,12 @@ def fp8_matmul(x: torch.Tensor, weight, weight_scale, bias=None, input_scale=Non
     return op(x, weight, weight_scale, bias, input_scale)
 
 
-def paged_attention(q: torch.Tensor, k_cache, v_cache, block_tables, context_lens, scale: float | None = None):
-    """[S, H, D] decode attention over a paged KV cache."""
+def paged_attention(q: torch.Tensor, k_cache, v_cache, block_tables, context_lens, scale: float | None = None,
+                    softcap: float | None = None, window: int | None = None):
+    """[S, H, D] decode attention over a paged KV cache, its scores soft-capped by ``softcap`` and each sequence
+    reading its last ``window`` tokens only (None: none, all of them)."""
     if q.is_cuda:
         op = _paged_attention_kernel.paged_attention
     else:
         op = paged_attention_cpu.paged_attention if paged_attention_cpu.supports(q) else reference.paged_attention
-    return op(q, k_cache, v_cache, block_tables, context_lens, scale)
+    return op(q, k_cache, v_cache, block_tables, context_lens, scale, softcap, window)

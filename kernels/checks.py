@@ -76,3 +76,11 @@ def check_paged_attention(q, k_cache, v_cache, block_tables, context_lens) -> No
     if block_tables.dim() != 2 or block_tables.shape[0] != seqs:
         raise ValueError(f"block_tables must be [{seqs}, max_blocks_per_seq], got {list(block_tables.shape)}")
     check_shape("context_lens", context_lens, (seqs,))
+
+
+def check_attention_options(softcap: float | None, window: int | None) -> None:
+    """Paged attention's soft-cap (None or > 0) and sliding window (None or a token count >= 1)."""
+    if softcap is not None and not softcap > 0:
+        raise ValueError(f"softcap must be None or > 0, got {softcap}")
+    if window is not None and (isinstance(window, bool) or not isinstance(window, int) or window < 1):
+        raise ValueError(f"window must be None or an int >= 1, got {window!r}")

@@ -34,7 +34,7 @@ typedef void (*dense_fn)(const float *, const float *, float *, int, int, int, i
 typedef void (*norm_fn)(const float *, const float *, float *, int, int, float, int);
 typedef void (*rope_fn)(const float *, const float *, const float *, float *, int, int, int, int);
 typedef int (*attn_fn)(const float *, const float *, const float *, const int32_t *, const int32_t *, float *,
-                       int, int, int, int, int, int, float, int);
+                       int, int, int, int, int, int, float, int, float, int);
 
 /* act[r] = silu(gu[r, :m]) * gu[r, m:] */
 static void silu_mul(const float *gu, float *act, int rows, int m) {
@@ -83,7 +83,7 @@ int decode_step(float *x, float *out, const float *cos, const float *sin, const 
             rope(src + H * D, cos + (size_t)r * D, sin + (size_t)r * D, kc + slots[r] * row, 1, KVH, D, 1);
             memcpy(vc + slots[r] * row, src + (H + KVH) * D, sizeof(float) * row);
         }
-        if (attn(q, kc, vc, tables, lens, att, R, H, KVH, D, BS, MB, scale, threads)) return 1;
+        if (attn(q, kc, vc, tables, lens, att, R, H, KVH, D, BS, MB, scale, 0, 0.f, threads)) return 1;
         LIN(lin, p + 5, att, tmp, C, H * D, G);
         add(x, tmp, (size_t)R * C);
         norm(x, (const float *)p[1], h, R, C, eps, threads);

@@ -14,7 +14,7 @@ import functools
 import torch
 
 from compress.kernels import cpu_build
-from compress.kernels.checks import check_paged_attention
+from compress.kernels.checks import check_attention_options, check_paged_attention
 
 EXP_NEG = r"""
 #include <stdint.h>
@@ -50,60 +50,64 @@ static inline void prefetch_slot(const float *cache, const int32_t *tab, int t, 
     for (int i = 0; i < row * (int)sizeof(float); i += 64) __builtin_prefetch(p + i);
 }
 
-/* One sequence's query heads h0 .. h1-1 (whole KV groups): n tokens, query head h reads KV head h / rep.
-   sc: [H, n] scratch. */
+/* scores -> cap * tanh(scores / cap) (the soft-cap of Gemma 2), tanh as (1 - e^-2|x|) / (1 + e^-2|x|) with x's
+   sign: vectorized (branch-free, no libm), where tanhf is a call per element. */
+static void soft_cap(float *row, int m, float cap) {
+    for (int i = 0; i < m; i++) {
+        float x = row[i] / cap, e = exp_neg(-2.f * __builtin_fabsf(x));
+        row[i] = cap * __builtin_copysignf((1.f - e) / (1.f + e), x);
+    }
+}
+
+/* One sequence's query heads h0 .. h1-1 (whole KV groups) over its tokens t0 .. n-1 (t0 > 0: a sliding window),
+   query head h reads KV head h / rep; cap > 0: the scores' soft-cap. sc: [H, n - t0] scratch. */
 static inline __attribute__((always_inline)) void attend(
-        const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-        int H, int KVH, const int D, int BS, float scale, float *sc, int h0, int h1) {
-    const int rep = H / KVH;
-    for (int t = 0; t < n; t++) {
+        const float *q, const float *kc, const float *vc, const int32_t *tab, int t0, int n, float *out,
+        int H, int KVH, const int D, int BS, float scale, float cap, float *sc, int h0, int h1) {
+    const int rep = H / KVH, m = n - t0;
+    for (int t = t0; t < n; t++) {
         prefetch_slot(kc, tab, t, n, BS, KVH * D);
         const float *kt = kc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
         for (int h = h0; h < h1; h++) {
             const float *k = kt + (h / rep) * D, *qh = q + h * D;
             float acc = 0.f;
             for (int d = 0; d < D; d++) acc += qh[d] * k[d];
-            sc[h * n + t] = acc * scale;
+            sc[h * m + t - t0] = acc * scale;
         }
     }
     for (int h = h0; h < h1; h++) {
-        float *row = sc + h * n, m = row[0], sum = 0.f;
-        for (int t = 1; t < n; t++) m = row[t] > m ? row[t] : m;
-        for (int t = 0; t < n; t++) { row[t] = exp_neg(row[t] - m); sum += row[t]; }
-        for (int t = 0; t < n; t++) row[t] /= sum;
+        float *row = sc + h * m, mx, sum = 0.f;
+        if (cap > 0.f) soft_cap(row, m, cap);
+        mx = row[0];
+        for (int i = 1; i < m; i++) mx = row[i] > mx ? row[i] : mx;
+        for (int i = 0; i < m; i++) { row[i] = exp_neg(row[i] - mx); sum += row[i]; }
+        for (int i = 0; i < m; i++) row[i] /= sum;
     }
     memset(out + h0 * D, 0, sizeof(float) * (h1 - h0) * D);
-    for (int t = 0; t < n; t++) {
+    for (int t = t0; t < n; t++) {
         prefetch_slot(vc, tab, t, n, BS, KVH * D);
         const float *vt = vc + ((size_t)tab[t / BS] * BS + t % BS) * KVH * D;
         for (int h = h0; h < h1; h++) {
             const float *v = vt + (h / rep) * D;
-            float p = sc[h * n + t], *o = out + h * D;
+            float p = sc[h * m + t - t0], *o = out + h * D;
             for (int d = 0; d < D; d++) o[d] += p * v[d];
         }
     }
 }
 
-typedef void row_fn(const float *, const float *, const float *, const int32_t *, int, float *, int, int, int, int,
-                    float, float *, int, int);
+#define ROW_ARGS const float *q, const float *kc, const float *vc, const int32_t *tab, int t0, int n, float *out, \
+                 int H, int KVH, int D, int BS, float scale, float cap, float *sc, int h0, int h1
+typedef void row_fn(ROW_ARGS);
 
 /* The common head sizes get their own copy with D known at compile time (fully unrolled loops). */
-static void attend_64(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-                      int H, int KVH, int D, int BS, float scale, float *sc, int h0, int h1) {
-    attend(q, kc, vc, tab, n, out, H, KVH, 64, BS, scale, sc, h0, h1);
-}
-static void attend_128(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-                       int H, int KVH, int D, int BS, float scale, float *sc, int h0, int h1) {
-    attend(q, kc, vc, tab, n, out, H, KVH, 128, BS, scale, sc, h0, h1);
-}
-static void attend_any(const float *q, const float *kc, const float *vc, const int32_t *tab, int n, float *out,
-                       int H, int KVH, int D, int BS, float scale, float *sc, int h0, int h1) {
-    attend(q, kc, vc, tab, n, out, H, KVH, D, BS, scale, sc, h0, h1);
-}
+static void attend_64(ROW_ARGS) { attend(q, kc, vc, tab, t0, n, out, H, KVH, 64, BS, scale, cap, sc, h0, h1); }
+static void attend_128(ROW_ARGS) { attend(q, kc, vc, tab, t0, n, out, H, KVH, 128, BS, scale, cap, sc, h0, h1); }
+static void attend_any(ROW_ARGS) { attend(q, kc, vc, tab, t0, n, out, H, KVH, D, BS, scale, cap, sc, h0, h1); }
 
+/* window > 0: a sequence of n tokens sees its last min(n, window) only; cap > 0: the scores' soft-cap. */
 int paged_attention(const float *q, const float *kc, const float *vc, const int32_t *tables,
                     const int32_t *lens, float *out, int S, int H, int KVH, int D, int BS, int MB,
-                    float scale, int threads) {
+                    float scale, int window, float cap, int threads) {
     row_fn *row = D == 64 ? attend_64 : D == 128 ? attend_128 : attend_any;
     /* fewer sequences than threads (a batch-1 decode): each sequence's KV heads are split over the threads */
     const int split = S >= threads ? 1 : (KVH < threads ? KVH : threads), rep = H / KVH;
@@ -112,10 +116,11 @@ int paged_attention(const float *q, const float *kc, const float *vc, const int3
     for (int item = 0; item < S * split; item++) {
         int s = item / split, part = item % split;
         int h0 = KVH * part / split * rep, h1 = KVH * (part + 1) / split * rep;
-        float *sc = malloc(sizeof(float) * (size_t)H * lens[s]);
+        int n = lens[s], t0 = window > 0 && n > window ? n - window : 0;
+        float *sc = malloc(sizeof(float) * (size_t)H * (n - t0));
         if (!sc) { failed = 1; continue; }
-        row(q + (size_t)s * H * D, kc, vc, tables + (size_t)s * MB, lens[s], out + (size_t)s * H * D,
-            H, KVH, D, BS, scale, sc, h0, h1);
+        row(q + (size_t)s * H * D, kc, vc, tables + (size_t)s * MB, t0, n, out + (size_t)s * H * D,
+            H, KVH, D, BS, scale, cap, sc, h0, h1);
         free(sc);
     }
     return failed;
@@ -126,7 +131,7 @@ int paged_attention(const float *q, const float *kc, const float *vc, const int3
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built (the caller then runs torch ops)."""
-    argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int]
+    argtypes = [ctypes.c_void_p] * 6 + [ctypes.c_int] * 6 + [ctypes.c_float, ctypes.c_int, ctypes.c_float, ctypes.c_int]
     return cpu_build.load("paged_attention", SOURCE, {"paged_attention": (argtypes, ctypes.c_int)})
 
 
@@ -152,14 +157,17 @@ def check_bounds(k_cache, block_tables, context_lens) -> None:
         raise ValueError(f"block_tables entries must be block ids in [0, {num_blocks})")
 
 
-def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None) -> torch.Tensor:
-    """[S, H, D]: softmax(q k^T * scale) v over each sequence's cached tokens, read in place."""
+def paged_attention(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None, softcap: float | None = None,
+                    window: int | None = None) -> torch.Tensor:
+    """[S, H, D]: softmax(q k^T * scale, soft-capped) v over each sequence's last ``window`` cached tokens, read in place."""
     _check(q, k_cache, v_cache, block_tables, context_lens)
+    check_attention_options(softcap, window)
     q, k_cache, v_cache = q.contiguous(), k_cache.contiguous(), v_cache.contiguous()
-    return unchecked(q, k_cache, v_cache, block_tables.contiguous(), context_lens.contiguous(), scale)
+    return unchecked(q, k_cache, v_cache, block_tables.contiguous(), context_lens.contiguous(), scale, softcap, window)
 
 
-def unchecked(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None) -> torch.Tensor:
+def unchecked(q, k_cache, v_cache, block_tables, context_lens, scale: float | None = None, softcap: float | None = None,
+              window: int | None = None) -> torch.Tensor:
     """``paged_attention`` without its checks, for a caller that made sure once that they pass and that every
     operand is contiguous (the runtime: ``check_bounds`` once per step, not once per layer)."""
     seqs, heads, dim = q.shape
@@ -167,7 +175,7 @@ def unchecked(q, k_cache, v_cache, block_tables, context_lens, scale: float | No
     failed = cpu_build.require(load()).paged_attention(
         q.data_ptr(), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(), context_lens.data_ptr(),
         out.data_ptr(), seqs, heads, k_cache.shape[2], dim, k_cache.shape[1], block_tables.shape[1],
-        dim**-0.5 if scale is None else scale, torch.get_num_threads(),
+        dim**-0.5 if scale is None else scale, window or 0, softcap or 0.0, torch.get_num_threads(),
     )
     if failed:
         raise MemoryError("paged_attention: out of memory for the attention scores")

@@ -163,11 +163,15 @@ def paged_attention(
     block_tables: torch.Tensor,  # [S, max_blocks_per_seq] int32
     context_lens: torch.Tensor,  # [S] int32, each >= 1
     scale: float | None = None,
+    softcap: float | None = None,
+    window: int | None = None,
 ) -> torch.Tensor:
-    """[S, H, D] in q's dtype: softmax(q k^T * scale) v over each sequence's cached tokens (fp32 math).
+    """[S, H, D] in q's dtype: softmax(scores) v over each sequence's cached tokens (fp32 math), where
+    scores = q k^T * scale, or softcap * tanh(q k^T * scale / softcap) with a soft-cap.
 
     Token t of sequence s is slot t % block_size of block block_tables[s, t // block_size];
-    query head h reads KV head h // (H / KVH). The layout is specified in docs/kernels.md.
+    query head h reads KV head h // (H / KVH); a ``window`` keeps only a sequence's last ``window``
+    tokens (n of them: tokens t >= n - window). The layout is specified in docs/kernels.md.
     """
     seqs, heads, dim = q.shape
     block_size, kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -175,8 +179,11 @@ def paged_attention(
     out = torch.empty_like(q)
     for s, n in enumerate(context_lens.tolist()):
         blocks = block_tables[s, : -(-n // block_size)].long()
-        k = k_cache[blocks].reshape(-1, kv_heads, dim)[:n].float().repeat_interleave(heads // kv_heads, 1)  # [n, H, D]
-        v = v_cache[blocks].reshape(-1, kv_heads, dim)[:n].float().repeat_interleave(heads // kv_heads, 1)  # [n, H, D]
-        p = (torch.einsum("hd,nhd->hn", q[s].float(), k) * scale).softmax(-1)  # [H, n]
-        out[s] = torch.einsum("hn,nhd->hd", p, v).to(q.dtype)
+        first = max(0, n - window) if window is not None else 0
+        k = k_cache[blocks].reshape(-1, kv_heads, dim)[first:n].float().repeat_interleave(heads // kv_heads, 1)  # [n', H, D]
+        v = v_cache[blocks].reshape(-1, kv_heads, dim)[first:n].float().repeat_interleave(heads // kv_heads, 1)  # [n', H, D]
+        scores = torch.einsum("hd,nhd->hn", q[s].float(), k) * scale  # [H, n']
+        if softcap is not None:
+            scores = torch.tanh(scores / softcap) * softcap
+        out[s] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)
     return out

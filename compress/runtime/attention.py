@@ -91,8 +91,8 @@ class AttentionMetadata:
 class PagedAttention:
     """backend(layer, q [1, N, H, D], k, v [1, N, KVH, D]) -> [1, N, H, D] over the paged cache ``kv``.
 
-    Each layer attends with its own window, the model's scale and soft-cap (``spec``, ``ModelConfig.attention``).
-    The kernels take causal attention with a scale; a window or a soft-cap takes the torch path."""
+    Each layer attends with its own window, the model's scale and soft-cap (``spec``, ``ModelConfig.attention``);
+    decode rows go to the paged-attention kernel with them (Triton on CUDA, C on CPU where it builds)."""
 
     def __init__(self, kv: torch.Tensor, meta: AttentionMetadata, spec: AttentionSpec = AttentionSpec(), cpu_kernel: bool = True,
                  rope_kernel: bool = False):
@@ -101,7 +101,7 @@ class PagedAttention:
         self.kv = kv  # [2, L, num_blocks, block_size, KVH, D]
         self.meta, self.rope_kernel = meta, rope_kernel
         self.spec, self.scale, self.softcap = spec, spec.scale, spec.softcap
-        use_kernel = spec.plain() and (kv.is_cuda or (cpu_kernel and paged_attention_cpu.supports(kv)))
+        use_kernel = kv.is_cuda or (cpu_kernel and paged_attention_cpu.supports(kv))
         # the CPU decode rows' groups for each window the layers use, built once per step (every layer reuses them)
         self.groups = {} if use_kernel or not meta.decode_rows.numel() else {
             w: self._decode_groups(kv.shape[3], w) for w in {spec.window(i) for i in range(kv.shape[1])}}
@@ -149,12 +149,12 @@ class PagedAttention:
         """[Sd, H, D]: one query per sequence over its cached tokens."""
         if self.c_kernel:
             return paged_attention_cpu.unchecked(q.contiguous(), k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens,
-                                                 self.scale)
+                                                 self.scale, self.softcap, window)
         if not self.groups:
-            return kernels.paged_attention(q, k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens, self.scale)
-        # CPU without the C kernel (no compiler, not fp32, a sliding window or a soft-cap), and GPU with a
-        # window or a soft-cap: per group of rows with similar context, one batched call over the gathered
-        # blocks (padding masked out) instead of the reference's loop over sequences.
+            return kernels.paged_attention(q, k_cache, v_cache, self.meta.decode_tables, self.meta.decode_lens, self.scale,
+                                           self.softcap, window)
+        # CPU without the C kernel (no compiler, not fp32, or not chosen): per group of rows with similar context, one
+        # batched call over the gathered blocks (padding masked out) instead of the reference's loop over sequences.
         out = torch.empty_like(q)  # [Sd, H, D]
         for g in self.groups[window]:
             k = k_cache[g.tables].flatten(1, 2).transpose(1, 2)  # [G, KVH, MB*bs, D]

@@ -17,7 +17,6 @@ from torch import nn
 
 from compress.kernels import paged_attention_cpu, rope_cpu
 from compress.model.config import ModelConfig
-from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_fusion import join_projections
@@ -33,7 +32,8 @@ FALLBACK = "torch ops (not fp32, COMPRESS_CPU_KERNELS=0, or no working C compile
 
 
 def decode_candidates(cfg: ModelConfig, block_size: int, rows: int) -> dict:
-    """The C kernel and torch's path, each one layer's decode attention over `rows` sequences."""
+    """The C kernel and torch's path, each one layer's decode attention over `rows` sequences (the first layer's
+    window and the model's scale and soft-cap)."""
     per_token = 2 * cfg.num_kv_heads * cfg.head_dim * 4  # K and V, fp32
     context = max(1, min(CONTEXT, KV_BYTES // (rows * per_token)))
     blocks = -(-context // block_size)
@@ -44,22 +44,23 @@ def decode_candidates(cfg: ModelConfig, block_size: int, rows: int) -> dict:
     meta = AttentionMetadata.build([context - 1] * rows, [1] * rows, tables, block_size, "cpu")
     q = torch.randn(1, rows, cfg.num_heads, cfg.head_dim, generator=gen)
     k, v = (torch.randn(1, rows, cfg.num_kv_heads, cfg.head_dim, generator=gen) for _ in range(2))
-    backends = {C: PagedAttention(kv, meta, AttentionSpec(), cpu_kernel=True), TORCH: PagedAttention(kv, meta, AttentionSpec(), cpu_kernel=False)}
+    spec = cfg.attention()
+    backends = {C: PagedAttention(kv, meta, spec, cpu_kernel=True), TORCH: PagedAttention(kv, meta, spec, cpu_kernel=False)}
     return {name: (lambda b=b: b(0, q, k, v)) for name, b in backends.items()}
 
 
 def attention_op(cfg: ModelConfig, block_size: int) -> str:
-    return f"attention {cfg.num_heads}x{cfg.num_kv_heads}x{cfg.head_dim} block {block_size} context {CONTEXT} kv {KV_BYTES}"
+    softcap = " softcap" if cfg.attention().softcap is not None else ""  # the cap's pass costs the C kernel time
+    return f"attention {cfg.num_heads}x{cfg.num_kv_heads}x{cfg.head_dim} block {block_size} context {CONTEXT} kv {KV_BYTES}{softcap}"
 
 
 @dataclass
 class CpuKernels:
     linears: Swapped
-    attention: Plan | None  # None: decode attention always takes torch's path (no C kernel, or a sliding window)
+    attention: Plan | None  # None: decode attention always takes torch's path (no C kernel)
     measured: int  # buckets timed at this start (the others came from the cache)
     skipped: int  # buckets left untimed (budget spent, or too noisy): they take the nearest timed bucket's choice
     seconds: float  # spent timing at this start (not the swap, which takes longer for an 8B model)
-    attention_fallback: str = FALLBACK  # why attention is None
     norms: tuple[list[CpuRMSNorm], Plan] | None = None  # the swapped RMSNorms and their plan (None: none swapped)
     rope: Plan | None = None  # None: q and k are rotated by torch's ops
 
@@ -90,7 +91,7 @@ class CpuKernels:
             out.append(f"{self.linears.dequantized} int4/int3 Linears dequantized once (no 4-bit CPU kernel for them here)")
         if not self.linears.groups:
             out.append(f"matmuls run {FALLBACK}")
-        out.append(f"decode attention: {self.attention.describe() if self.attention else self.attention_fallback}")
+        out.append(f"decode attention: {self.attention.describe() if self.attention else FALLBACK}")
         if self.norms is not None:
             out.append(f"rms_norm ({len(self.norms[0])}): {self.norms[1].describe()}")
         if self.rope is not None:
@@ -109,11 +110,9 @@ def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = Non
     linears.groups = group_modules(swapped_modules(model))
     for g in linears.groups:
         timings.request(g.op, config.max_num_batched_tokens, g.preferred, lambda rows, g=g: time_candidates(candidates(g, rows)))
-    cfg, why = model.cfg, FALLBACK
-    attention = cfg.plain_attention() and paged_attention_cpu.supports(torch.empty(0, dtype=config.torch_dtype))
-    if not cfg.plain_attention():
-        why = "torch's path (the C kernel has no sliding window or soft-cap)"
-    elif attention:
+    cfg = model.cfg
+    attention = paged_attention_cpu.supports(torch.empty(0, dtype=config.torch_dtype))
+    if attention:
         timings.request(attention_op(cfg, config.block_size), config.max_num_seqs, TORCH,
                         lambda rows: time_candidates(decode_candidates(cfg, config.block_size, rows)))
     norms = swap_norms(model)
@@ -132,5 +131,5 @@ def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = Non
         norm.use_c = plans[norm_op(width)].table()
     timings.save()
     attention_plan = plans[attention_op(cfg, config.block_size)] if attention else None
-    return CpuKernels(linears, attention_plan, timings.measured, timings.skipped, seconds, why,
+    return CpuKernels(linears, attention_plan, timings.measured, timings.skipped, seconds,
                       (norms, plans[norm_op(width)]) if norms else None, plans[rope_op(cfg)] if rope else None)

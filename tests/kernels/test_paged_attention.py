@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from compress.kernels import reference
+from compress.model.attention import attend, window_mask
 from tests.kernels.conftest import cuda_only
 from tests.kernels.tolerance import assert_matches
 
@@ -42,6 +43,31 @@ def test_head_dim_not_power_of_two_and_custom_scale(device):
     assert_matches(kernel.paged_attention(*args, scale=0.3), reference.paged_attention(*args, scale=0.3))
 
 
+# (softcap, window): the cap alone, a window shorter than most contexts, one longer than every context, both.
+OPTIONS = [(5.0, None), (None, 7), (None, 100), (2.0, 16)]
+
+
+@pytest.mark.parametrize("softcap, window", OPTIONS)
+@pytest.mark.parametrize("ratio", [1, 4])  # query heads per KV head
+def test_softcap_and_window(softcap, window, ratio, device):
+    args = operands([1, 17, 40, 70], 2 * ratio, 2, 32, device=device, num_blocks=24)
+    q = args[0] * 4  # large scores: the cap changes them
+    got = kernel.paged_attention(q, *args[1:], scale=0.5, softcap=softcap, window=window)
+    assert_matches(got, reference.paged_attention(q, *args[1:], scale=0.5, softcap=softcap, window=window))
+
+
+def test_reference_softcap_and_window_against_attend():
+    """The oracle against compress.model.attention.attend, the model's math, with its window mask."""
+    q, k, v, tables, lens = operands([1, 17, 40], 4, 2, 16)
+    for softcap, window in OPTIONS:
+        got = reference.paged_attention(q, k, v, tables, lens, 0.3, softcap, window)
+        for s, n in enumerate(lens.tolist()):
+            keys, values = (c[tables[s].long()].flatten(0, 1)[:n].transpose(0, 1)[None] for c in (k, v))  # [1, KVH, n, D]
+            mask = window_mask(torch.tensor([n - 1]), n, window)  # [1, n]
+            want = attend(q[s, :, None][None], keys, values, mask, False, 0.3, softcap)[0, :, 0]  # [H, D]
+            torch.testing.assert_close(got[s], want, atol=1e-5, rtol=1e-5)
+
+
 def test_rejects_bad_inputs():
     q, k, v, tables, lens = operands([3], 6, 4, 16)  # 6 heads over 4 KV heads
     with pytest.raises(ValueError, match="multiple of kv_heads"):
@@ -51,10 +77,16 @@ def test_rejects_bad_inputs():
         kernel.paged_attention(q, k, v, tables.long(), lens)
     with pytest.raises(ValueError, match="v_cache must be"):
         kernel.paged_attention(q, k, v.half(), tables, lens)
+    with pytest.raises(ValueError, match="window"):
+        kernel.paged_attention(q, k, v, tables, lens, window=0)
+    with pytest.raises(ValueError, match="softcap"):
+        kernel.paged_attention(q, k, v, tables, lens, softcap=-1.0)
 
 
 @pytest.mark.cuda
 @cuda_only
-def test_long_context_on_gpu():
+@pytest.mark.parametrize("softcap, window", [(None, None), (50.0, 1024)])
+def test_long_context_on_gpu(softcap, window):
     args = operands([1, 700, 2049, 4096], 32, 8, 128, torch.float16, "cuda", num_blocks=1024)
-    assert_matches(kernel.paged_attention(*args), reference.paged_attention(*args))
+    got = kernel.paged_attention(*args, softcap=softcap, window=window)
+    assert_matches(got, reference.paged_attention(*args, softcap=softcap, window=window))

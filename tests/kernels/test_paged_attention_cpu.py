@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from compress.kernels import reference
-from tests.kernels.test_paged_attention import operands
+from tests.kernels.test_paged_attention import OPTIONS, operands
 from tests.kernels.tolerance import assert_matches
 
 kernel = importlib.import_module("compress.kernels.paged_attention_cpu")
@@ -19,6 +19,28 @@ needs_compiler = pytest.mark.skipif(kernel.load() is None, reason="no C compiler
 def test_matches_reference_ragged(isa, ratio, dim):
     args = operands([1, 17, 40, 16], 2 * ratio, 2, dim)  # 1 token, one past a block, 2.5 blocks, exactly one
     assert_matches(kernel.paged_attention(*args), reference.paged_attention(*args))
+
+
+@needs_compiler
+@pytest.mark.parametrize("softcap, window", OPTIONS)
+@pytest.mark.parametrize("ratio, dim", [(1, 64), (4, 128), (3, 24)])  # GQA, each compiled head size
+def test_softcap_and_window(isa, softcap, window, ratio, dim):
+    q, *rest = operands([1, 17, 40, 70], 2 * ratio, 2, dim, num_blocks=24)
+    q = q * 4  # large scores: the cap changes them
+    ref = reference.paged_attention(q, *rest, scale=0.5, softcap=softcap, window=window)
+    assert_matches(kernel.paged_attention(q, *rest, scale=0.5, softcap=softcap, window=window), ref)
+
+
+@needs_compiler
+def test_window_split_over_threads():
+    args = operands([70], 6, 2, 64, num_blocks=16)
+    ref = reference.paged_attention(*args, softcap=3.0, window=20)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert_matches(kernel.paged_attention(*args, softcap=3.0, window=20), ref)
+    finally:
+        torch.set_num_threads(before)
 
 
 @needs_compiler
@@ -50,6 +72,8 @@ def test_rejects_inputs_that_would_read_outside_the_cache():
         kernel.paged_attention(q.double(), k, v, tables, lens)
     with pytest.raises(ValueError, match="multiple of kv_heads"):
         kernel.paged_attention(q[:, :3], k, v, tables, lens)
+    with pytest.raises(ValueError, match="window"):
+        kernel.paged_attention(q, k, v, tables, lens, window=-3)
 
 
 @pytest.fixture

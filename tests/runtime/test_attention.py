@@ -5,7 +5,7 @@ import torch
 import torch.nn.functional as F
 
 from compress.kernels import paged_attention_cpu, reference
-from compress.model.attention import AttentionSpec
+from compress.model.attention import AttentionSpec, attend, window_mask
 from compress.runtime.attention import DECODE_ROWS, GROUP_SLACK, AttentionMetadata, PagedAttention, group_by_context
 
 L, NB, BS, H, KV, D = 1, 16, 4, 4, 2, 8
@@ -71,6 +71,28 @@ def test_sliding_window_masks_old_tokens():
     torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
     unwindowed = PagedAttention(kv, meta)(0, q, k, v)[0]
     assert (unwindowed - ref).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("layer", [0, 1])  # a window of 5 tokens, then none
+def test_mixed_step_with_window_and_softcap_matches_dense(layer, cpu_path):
+    torch.manual_seed(3)
+    kv = torch.randn(2, 2, NB, BS, KV, D)
+    starts, lens, tables = [9, 2, 5], [1, 2, 18], [[3, 0, 7], [5], [1, 2, 4, 6, 10, 11, 12]]
+    meta = AttentionMetadata.build(starts, lens, tables, BS, "cpu")
+    n = sum(lens)
+    q, k, v = torch.randn(1, n, H, D) * 3, torch.randn(1, n, KV, D), torch.randn(1, n, KV, D)
+    spec = AttentionSpec((5, None), 0.4, 2.0)
+    backend = PagedAttention(kv, meta, spec, cpu_kernel=cpu_path == "c-kernel")
+    assert backend.c_kernel == (cpu_path == "c-kernel")
+    out = backend(layer, q, k, v)[0]  # [N, H, D]
+    row = 0
+    for i, (start, new) in enumerate(zip(starts, lens)):  # each sequence's rows against dense attention over its context
+        ctx = start + new
+        keys, values = (c[torch.tensor(tables[i])].reshape(-1, KV, D)[:ctx].transpose(0, 1)[None] for c in kv[:, layer])
+        mask = window_mask(torch.arange(start, ctx), ctx, spec.window(layer))  # [new, ctx]
+        want = attend(q[0, row:row + new].transpose(0, 1)[None], keys, values, mask, False, 0.4, 2.0)[0].transpose(0, 1)
+        torch.testing.assert_close(out[row:row + new], want, atol=1e-5, rtol=1e-5)
+        row += new
 
 
 def test_context_groups_cover_every_row_once_within_the_slack():
