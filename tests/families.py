@@ -24,3 +24,13 @@ FAMILIES = {
                 "attention_bias": True},
 }
 NEW = ("qwen3", "gemma2", "gemma3_text", "phi3", "olmo2", "granite")
+
+# Mixtures of experts (kept apart: tests that iterate FAMILIES assume a dense MLP in every layer). 4 experts, 2 per
+# token; Qwen2-MoE with its shared expert and one dense layer (decoder_sparse_step 2: layer 0 dense, layer 1 sparse).
+MOE_FAMILIES = {
+    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 6},
+    "qwen2_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "shared_expert_intermediate_size": 80,
+                  "decoder_sparse_step": 2, "use_sliding_window": True, "sliding_window": 6, "max_window_layers": 2},
+    "qwen3_moe": {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 48, "norm_topk_prob": True, "head_dim": 24,
+                  "mlp_only_layers": [0]},
+}

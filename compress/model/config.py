@@ -11,7 +11,7 @@ never a test of the model_type.
 from dataclasses import dataclass, field
 
 from compress.errors import UserError
-from compress.model.arch import ARCHS, Arch
+from compress.model.arch import ARCHS, Arch, ScaleGroup, expand, expand_groups
 from compress.model.attention import AttentionSpec
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -29,6 +29,18 @@ UNSUPPORTED_FLAGS = {
     "mlp_bias": "MLP biases are not implemented; models with them cannot be run or quantized here",
     "use_bidirectional_attention": "bidirectional (embedding-model) attention is not implemented; only causal decoders are",
 }
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    """A mixture of experts' numbers (router jitter and aux-loss settings are training-only and ignored)."""
+
+    num_experts: int
+    top_k: int  # experts per token
+    width: int  # an expert's intermediate size (Mixtral's intermediate_size, Qwen's moe_intermediate_size)
+    layers: tuple[int, ...]  # the layers that hold the MoE block; the others hold the dense MLP of intermediate_size
+    renormalize: bool = True  # top-k router weights rescaled to sum 1
+    shared_width: int = 0  # the shared expert's intermediate size (Qwen2-MoE)
 
 
 @dataclass
@@ -61,6 +73,8 @@ class ModelConfig:
     embed_multiplier: float = 1.0  # Granite's embedding_multiplier (Gemma's sqrt(hidden) is on Arch)
     residual_multiplier: float = 1.0
     logits_divisor: float = 1.0  # Granite's logits_scaling
+    qkv_bias: bool = False  # config's qkv_bias (Qwen2-MoE): q/k/v have a bias, o does not
+    moe: MoeConfig | None = None  # from config.json's own keys, which to_hf writes back as they were (``extra``)
 
     def __post_init__(self):
         check_model_type(self.model_type)
@@ -86,6 +100,16 @@ class ModelConfig:
         if self.sliding_window is None or (self.layer_types is not None and self.layer_types[layer] != SLIDING):
             return None
         return self.sliding_window
+
+    def is_moe(self, layer: int) -> bool:
+        return self.moe is not None and layer in self.moe.layers
+
+    def layer_linears(self, layer: int) -> tuple[str, ...]:
+        """Every Linear of ``layer`` by name (a MoE layer's experts one by one; its router is not among them)."""
+        return expand(self.arch.moe.linears, self.moe.num_experts) if self.is_moe(layer) else self.arch.linears
+
+    def layer_groups(self, layer: int) -> tuple[ScaleGroup, ...]:
+        return expand_groups(self.arch.moe.scale_groups, self.moe.num_experts) if self.is_moe(layer) else self.arch.scale_groups
 
     def windows(self) -> list[int | None]:
         return [self.layer_window(i) for i in range(self.num_layers)]
@@ -137,7 +161,7 @@ class ModelConfig:
             rope_scaling=None if rope.get("rope_type", "default") == "default" else {k: v for k, v in rope.items() if k != "rope_theta"},
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", hf.get("tie_word_embeddings", False))),
-            sliding_window=hf.get("sliding_window"),
+            sliding_window=hf.get("sliding_window") or None,  # Qwen2-MoE says 0 for none
             bos_token_id=d.get("bos_token_id"),
             eos_token_id=d.get("eos_token_id"),
             extra={k: v for k, v in d.items() if k not in taken and k != "hidden_size"},
@@ -152,6 +176,8 @@ class ModelConfig:
             embed_multiplier=hf.get("embedding_multiplier", 1.0),
             residual_multiplier=hf.get("residual_multiplier", 1.0),
             logits_divisor=hf.get("logits_scaling", 1.0),
+            qkv_bias=bool(hf.get("qkv_bias")),
+            moe=moe_config(hf, ARCHS[model_type]),
         )
 
     def to_hf(self) -> dict:
@@ -186,6 +212,22 @@ def check_model_type(model_type: str) -> None:
         why = REFUSED.get(model_type)
         raise UserError(f"'{model_type}' is {why}" if why else
                         f"unsupported model_type '{model_type}': supported are {', '.join(sorted(ARCHS))}")
+
+
+def moe_config(hf: dict, arch: Arch) -> MoeConfig | None:
+    """The experts' numbers of a normalized config, as transformers builds the layers: layer i is sparse unless it is
+    in mlp_only_layers or (i + 1) is not a multiple of decoder_sparse_step (keys Mixtral lacks: every layer)."""
+    if arch.moe is None:
+        return None
+    experts, top_k = hf.get("num_local_experts") or hf.get("num_experts") or 0, hf["num_experts_per_tok"]
+    if experts and top_k > experts:
+        raise UserError(f"this {arch.model_type} config.json routes each token to num_experts_per_tok={top_k} experts "
+                        f"of {experts}; fix the checkpoint's config.json")
+    step, dense = hf.get("decoder_sparse_step") or 1, set(hf.get("mlp_only_layers") or ())
+    layers = tuple(i for i in range(hf["num_hidden_layers"]) if experts and i not in dense and (i + 1) % step == 0)
+    return MoeConfig(experts, top_k, hf.get("moe_intermediate_size") or hf["intermediate_size"], layers,
+                     arch.moe.always_renormalize or bool(hf.get("norm_topk_prob")),
+                     hf.get("shared_expert_intermediate_size", 0) if arch.moe.shared else 0)
 
 
 def normalized(d: dict) -> dict:

@@ -1,5 +1,5 @@
 """One readable decoder for every family we run (Llama 2/3, Mistral, Qwen2/3, Gemma 2/3, Phi-3/4, OLMo 2,
-Granite, SmolLM2).
+Granite, SmolLM2, and the mixtures of experts Mixtral, Qwen2-MoE, Qwen3-MoE).
 
 Module names follow Hugging Face's layout, so a checkpoint's state dict loads as is. What differs
 between families is read once, when the modules are built, from ``cfg.arch`` and the config's numbers
@@ -15,6 +15,7 @@ from torch import nn
 
 from compress.model.attention import DenseCausal
 from compress.model.config import ModelConfig
+from compress.model.moe import SparseMoe
 from compress.model.rope import Rope, make_rope
 
 ACTIVATIONS = {"silu": F.silu, "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"), "gelu": F.gelu}
@@ -50,7 +51,7 @@ class Attention(nn.Module):
         super().__init__()
         self.layer, self.h, self.kv, self.d = layer, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         arch, bias = cfg.arch, cfg.attention_bias
-        qkv_bias = arch.qkv_bias or bias
+        qkv_bias = arch.qkv_bias or cfg.qkv_bias or bias
         widths = (self.h * self.d, self.kv * self.d, self.kv * self.d)
         if arch.fused:  # stored as one Linear (Phi-3)
             self.qkv_proj = nn.Linear(cfg.hidden_size, sum(widths), bias=qkv_bias)
@@ -113,7 +114,8 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """x + attn_out(attn(attn_in(x))) * r, then the same for the MLP; a norm the family lacks is the identity."""
+    """x + attn_out(attn(attn_in(x))) * r, then the same for the MLP; a norm the family lacks is the identity.
+    A sparse layer holds the MoE block (moe.py) in place of the MLP, under the family's name for it."""
 
     def __init__(self, cfg: ModelConfig, layer: int):
         super().__init__()
@@ -121,9 +123,10 @@ class Block(nn.Module):
         for name in self.slots.names():
             setattr(self, name, norm(cfg))
         self.self_attn = Attention(cfg, layer)
-        self.mlp = MLP(cfg)
+        self.ffn = cfg.arch.moe.block if cfg.is_moe(layer) else "mlp"
+        setattr(self, self.ffn, SparseMoe(cfg, ACTIVATIONS[cfg.hidden_act]) if cfg.is_moe(layer) else MLP(cfg))
         self.residual_multiplier = cfg.residual_multiplier
-        self.linears = cfg.arch.linears
+        self.linears = cfg.layer_linears(layer)
 
     def _norm(self, name: str | None, x: torch.Tensor) -> torch.Tensor:
         return x if name is None else getattr(self, name)(x)
@@ -132,7 +135,7 @@ class Block(nn.Module):
         s, r = self.slots, self.residual_multiplier
         h = self._norm(s.attn_out, self.self_attn(self._norm(s.attn_in, x)))
         x = x + (h if r == 1.0 else h * r)
-        h = self._norm(s.mlp_out, self.mlp(self._norm(s.mlp_in, x)))
+        h = self._norm(s.mlp_out, getattr(self, self.ffn)(self._norm(s.mlp_in, x)))
         return x + (h if r == 1.0 else h * r)
 
 

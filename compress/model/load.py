@@ -10,6 +10,7 @@ from compress.model import lazy
 from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
+from compress.model.moe import hub_layout
 from compress.model.shards import ShardWriter
 
 TOKENIZER_FILES = (
@@ -39,6 +40,8 @@ def build(cfg: ModelConfig, dtype: torch.dtype = torch.float32) -> Decoder:
 
 
 def load_weights(model: Decoder, state: dict[str, torch.Tensor]) -> Decoder:
+    """``state`` in the hub's layout, or a transformers model's in memory (its fused experts split, moe.py)."""
+    state = hub_layout(state, model.cfg)
     if model.cfg.tie_word_embeddings:
         state.pop("lm_head.weight", None)
     missing, unexpected = model.load_state_dict(state, strict=False, assign=True)

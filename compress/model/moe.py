@@ -1,0 +1,113 @@
+"""The mixture-of-experts block a sparse layer holds in place of its MLP (Mixtral, Qwen2-MoE, Qwen3-MoE).
+
+Module names are the hub's, so a checkpoint loads as is: Mixtral's ``block_sparse_moe.gate`` (the router) and
+``block_sparse_moe.experts.N.w1 / w3 / w2`` (gate, up, down); Qwen's ``mlp.gate`` and
+``mlp.experts.N.gate_proj / up_proj / down_proj``, plus Qwen2-MoE's ``mlp.shared_expert`` (an MLP) and
+``mlp.shared_expert_gate``. That per-expert layout is what the hub's safetensors hold, what transformers'
+``save_pretrained`` writes and what vLLM reads. transformers 5 keeps the experts fused in memory instead
+(``mlp.experts.gate_up_proj`` [E, 2I, C], gate rows then up rows, and ``mlp.experts.down_proj`` [E, C, I],
+with Mixtral's block renamed ``mlp``) and converts on load and save; ``hub_layout`` does that conversion
+for a state dict taken from a transformers model in memory.
+
+The forward routes each token to its top-k experts (softmax over the router's logits in fp32), groups the
+tokens by expert and runs each chosen expert once on its own tokens: no [tokens x experts x width] tensor,
+and an expert no token chose is never touched. Calibration and the CPU runtime run this same code.
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.model.arch import MLP_NAMES
+from compress.model.config import ModelConfig
+
+
+class Expert(nn.Module):
+    """down(act(gate(x)) * up(x)) with the family's names for gate, up and down (Mixtral's w1, w3, w2)."""
+
+    def __init__(self, names: tuple[str, str, str], hidden: int, width: int, act: Callable):
+        super().__init__()
+        self.names, self.act = names, act
+        for name, (fan_in, fan_out) in zip(names, ((hidden, width), (hidden, width), (width, hidden))):
+            setattr(self, name, nn.Linear(fan_in, fan_out, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up, down = (getattr(self, n) for n in self.names)
+        return down(self.act(gate(x)) * up(x))  # [N, C] of x [N, C]
+
+
+class SparseMoe(nn.Module):
+    def __init__(self, cfg: ModelConfig, act: Callable):
+        super().__init__()
+        C, m, facts = cfg.hidden_size, cfg.moe, cfg.arch.moe
+        self.gate = nn.Linear(C, m.num_experts, bias=False)  # the router
+        self.experts = nn.ModuleList(Expert(facts.expert, C, m.width, act) for _ in range(m.num_experts))
+        if facts.shared:  # always on, weighted by sigmoid(shared_expert_gate(x)) (Qwen2-MoE)
+            self.shared_expert = Expert(MLP_NAMES, C, m.shared_width, act)
+            self.shared_expert_gate = nn.Linear(C, 1, bias=False)
+        self.shared = facts.shared
+        self.top_k, self.renormalize = m.top_k, m.renormalize
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(weights [N, K] in x's dtype, experts [N, K]) of x [N, C]: the top-k of a softmax taken in fp32."""
+        probs = F.softmax(self.gate(x).float(), dim=-1)  # [N, E]
+        weights, experts = probs.topk(self.top_k, dim=-1)  # [N, K]
+        if self.renormalize:
+            weights = weights / weights.sum(-1, keepdim=True)
+        return weights.to(x.dtype), experts
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        shape = x.shape  # [B, T, C]
+        x = x.reshape(-1, shape[-1])  # [N, C]
+        weights, experts = self.route(x)  # [N, K]
+        out = torch.zeros_like(x)  # [N, C]
+        slots = experts.flatten().argsort(stable=True)  # [N K]: the (token, k) slots sorted by expert
+        counts = torch.bincount(experts.flatten(), minlength=len(self.experts)).tolist()
+        tokens, slot_weights = slots // self.top_k, weights.flatten()[slots]  # [N K] each
+        start = 0
+        for expert, n in zip(self.experts, counts):
+            if n:  # an expert no token chose is skipped
+                rows = tokens[start:start + n]  # [n]
+                out.index_add_(0, rows, expert(x[rows]) * slot_weights[start:start + n, None])
+            start += n
+        if self.shared:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out.view(shape)
+
+
+def hub_layout(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:
+    """A state dict from a transformers model in memory with its experts as the hub stores them (one Linear
+    each, under the family's block name); tensors already in that layout pass unchanged."""
+    facts = cfg.arch.moe
+    if facts is None:
+        return state
+    out = {}
+    for key, t in state.items():
+        head, sep, tail = key.partition(".mlp.")
+        if not sep or not cfg.is_moe(int(head.rsplit(".", 1)[1])):
+            out[key] = t
+        elif tail in FUSED:
+            out |= {f"{head}.{facts.block}.experts.{e}.{name}.weight": w
+                    for e, layer in enumerate(t) for name, w in FUSED[tail](facts.expert, layer)}
+        else:
+            out[f"{head}.{facts.block}.{tail}"] = t
+    return out
+
+
+FUSED = {  # transformers' fused expert tensor -> (Linear name, weight) of one expert, from its [2I, C] or [C, I] slice
+    "experts.gate_up_proj": lambda names, w: zip(names[:2], w.chunk(2)),
+    "experts.down_proj": lambda names, w: [(names[2], w)],
+}
+
+
+def param_counts(model: nn.Module) -> dict[str, int]:
+    """Parameters of a decoder (a skeleton on the meta device will do): all of them, and those one token uses
+    (each sparse layer's unchosen experts left out)."""
+    total = sum(p.numel() for p in model.parameters())
+    cfg, unused = model.cfg, 0
+    if cfg.moe is not None:
+        expert = 3 * cfg.hidden_size * cfg.moe.width
+        unused = len(cfg.moe.layers) * (cfg.moe.num_experts - cfg.moe.top_k) * expert
+    return {"total": total, "active": total - unused}
