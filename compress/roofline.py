@@ -8,7 +8,10 @@ the bound on tokens/s is B / max(bytes / bandwidth, FLOPs / peak).
 
 from dataclasses import dataclass
 
+import torch
+
 from compress.model.config import ModelConfig
+from compress.model.decoder import Decoder
 from compress.quant.primitives import default_group_size
 
 
@@ -53,32 +56,36 @@ def linear_widths(cfg: ModelConfig) -> set[int]:
     return {cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size}
 
 
+# Where each parameter of the decoder counts, by a part of its name (first match): q/k norms are norms.
+PARTS = (("embedding", "model.embed_tokens."), ("norms", "norm"), ("attention", ".self_attn."), ("mlp", ".mlp."),
+         ("lm_head", "lm_head."))
+
+
+def shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
+    """Every parameter of the decoder ``cfg`` builds (a tied lm_head once, as the embedding), built on the meta device:
+    each family's own projections, biases and norms, nothing allocated."""
+    with torch.device("meta"):
+        model = Decoder(cfg)
+    return {name: p.shape for name, p in model.named_parameters()}
+
+
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    c, d = cfg.hidden_size, cfg.head_dim
-    attn = c * cfg.num_heads * d * 2 + c * cfg.num_kv_heads * d * 2
-    if cfg.arch.qkv_bias:
-        attn += (cfg.num_heads + 2 * cfg.num_kv_heads) * d
-    counts = {
-        "embedding": cfg.vocab_size * c,
-        "attention": cfg.num_layers * attn,
-        "mlp": cfg.num_layers * 3 * c * cfg.intermediate_size,
-        "norms": (2 * cfg.num_layers + 1) * c,
-        "lm_head": 0 if cfg.tie_word_embeddings else cfg.vocab_size * c,
-    }
+    counts = dict.fromkeys(("embedding", "attention", "mlp", "norms", "lm_head"), 0)
+    for name, shape in shapes(cfg).items():
+        counts[next(kind for kind, key in PARTS if key in name)] += shape.numel()
     counts["total"] = sum(counts.values())
     return counts
 
 
 def weight_bytes(cfg: ModelConfig, fmt: Format) -> float:
     n = param_counts(cfg)
-    linear = n["attention"] + n["mlp"]
-    rows = cfg.num_layers * (cfg.num_heads * cfg.head_dim + 2 * cfg.num_kv_heads * cfg.head_dim + 2 * cfg.hidden_size + 2 * cfg.intermediate_size)
+    matrices = [s for name, s in shapes(cfg).items() if name.startswith("model.layers.") and len(s) == 2]
+    linear, rows = sum(s.numel() for s in matrices), sum(s[0] for s in matrices)
     if fmt.group_size is None:
         meta = rows * 2 if fmt.weight_bits < 16 else 0  # one fp16 scale per output row
     else:
         meta = linear / fmt.group_size * (2 + fmt.weight_bits / 8)  # fp16 scale + packed zero point
-    rest = n["embedding"] + n["norms"] + n["lm_head"]
-    return linear * fmt.weight_bits / 8 + meta + rest * 2
+    return linear * fmt.weight_bits / 8 + meta + (n["total"] - linear) * 2  # the rest (embeddings, norms, biases) fp16
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
