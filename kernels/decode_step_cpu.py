@@ -11,7 +11,8 @@ from Python; only the residual adds and SiLU(gate) * up are computed here.
 
 Tables (int64, built once by the runtime): per block, ``PTRS`` pointers: the two norm weights, then three per
 Linear, q/k/v (joined), o, gate/up (joined) and down: codes, scales and offsets of a 4-bit one, or the fp32
-weight (and two unused); ``fns``: the GEMM (one kernel for every Linear: ``nibble_linear_cpu``'s or
+weight (and two unused), then the q and k norms' weights (Qwen3's RMSNorm over each head, applied where
+``dims[11]`` is 1; unused otherwise); ``fns``: the GEMM (one kernel for every Linear: ``nibble_linear_cpu``'s or
 ``nibble_q8_cpu``'s ``linear``, or ``linear_cpu``'s for fp32, ``dims[10]`` says which), rms_norm, rope,
 paged_attention.
 """
@@ -22,9 +23,9 @@ import functools
 from compress.kernels import cpu_build
 from compress.kernels.paged_attention_cpu import EXP_NEG
 
-PTRS = 14  # norm1, norm2, then (codes, scales, offsets) of qkv, o, gate_up, down
+PTRS = 16  # norm1, norm2, then (codes, scales, offsets) of qkv, o, gate_up, down, then q_norm, k_norm
 
-SOURCE = EXP_NEG + r"""
+SOURCE = EXP_NEG + f"#define PTRS {PTRS}\n" + r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -59,12 +60,12 @@ static void add(float *x, const float *y, size_t n) { for (size_t i = 0; i < n; 
 /* x [R, C]: the blocks' input (overwritten by the residual stream); out [R, C]: after the final norm.
    cos, sin [R, D]; slots [R] (int64) the new tokens' cache slots; tables [R, MB], lens [R] as
    paged_attention_cpu takes them; kv [2, L, NB, BS, KVH, D]. dims: C, M (MLP width), H, KVH, D, BS, NB, MB,
-   L, G (group size), dense (1: fp32 Linears); eps: the norms'; scale: attention's; scratch: ``scratch_floats`` floats. */
+   L, G (group size), dense (1: fp32 Linears), qk_norm (1: q and k normalized per head before rope); eps: the norms'; scale: attention's; scratch: ``scratch_floats`` floats. */
 int decode_step(float *x, float *out, const float *cos, const float *sin, const int64_t *slots, const int32_t *tables,
                 const int32_t *lens, float *kv, const int64_t *ptrs, const int64_t *fns, const int *dims, float eps,
                 float scale, float *scratch, int R, int threads) {
     const int C = dims[0], M = dims[1], H = dims[2], KVH = dims[3], D = dims[4], BS = dims[5], NB = dims[6], MB = dims[7],
-              L = dims[8], G = dims[9], dense = dims[10], W = (H + 2 * KVH) * D;
+              L = dims[8], G = dims[9], dense = dims[10], qk_norm = dims[11], W = (H + 2 * KVH) * D;
     linear_fn lin = (linear_fn)fns[0];
     norm_fn norm = (norm_fn)fns[1];
     rope_fn rope = (rope_fn)fns[2];
@@ -73,10 +74,15 @@ int decode_step(float *x, float *out, const float *cos, const float *sin, const 
           *gu = att + (size_t)R * H * D, *act = gu + (size_t)R * 2 * M, *tmp = act + (size_t)R * M;
     const size_t layer = (size_t)NB * BS * KVH * D, row = (size_t)KVH * D;
     for (int l = 0; l < L; l++) {
-        const int64_t *p = ptrs + (size_t)l * 14;
+        const int64_t *p = ptrs + (size_t)l * PTRS;
         float *kc = kv + (size_t)l * layer, *vc = kv + ((size_t)L + l) * layer;
         norm(x, (const float *)p[0], h, R, C, eps, threads);
         LIN(lin, p + 2, h, qkv, W, C, G);
+        if (qk_norm)  /* in place: each row of D is read whole before it is written */
+            for (int r = 0; r < R; r++) {
+                norm(qkv + (size_t)r * W, (const float *)p[14], qkv + (size_t)r * W, H, D, eps, 1);
+                norm(qkv + (size_t)r * W + H * D, (const float *)p[15], qkv + (size_t)r * W + H * D, KVH, D, eps, 1);
+            }
         for (int r = 0; r < R; r++) {
             const float *src = qkv + (size_t)r * W;
             rope(src, cos + (size_t)r * D, sin + (size_t)r * D, q + (size_t)r * H * D, 1, H, D, 1);
@@ -92,7 +98,7 @@ int decode_step(float *x, float *out, const float *cos, const float *sin, const 
         LIN(lin, p + 11, act, tmp, C, M, G);
         add(x, tmp, (size_t)R * C);
     }
-    norm(x, (const float *)ptrs[(size_t)L * 14], out, R, C, eps, threads);
+    norm(x, (const float *)ptrs[(size_t)L * PTRS], out, R, C, eps, threads);
     return 0;
 }
 """

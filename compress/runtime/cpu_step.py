@@ -10,7 +10,8 @@ same kernels, so the numbers are those of the module path except SiLU(gate) * up
 Which models: fp32 activations, every block's q/k/v and gate/up joined (``cpu_fusion``), all four Linears
 without bias and of one kind: ``NibbleLinear`` of one group size and activation kind, or fp32 ``CpuLinear``
 (their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
-and up, where C was chosen), ``CpuRMSNorm`` norms, no sliding window. The embedding lookup, the rotary
+and up, where C was chosen), ``CpuRMSNorm`` norms, plain attention (no window or soft-cap), Llama's layout
+or Qwen3's (its per-head q/k norms run in the loop through the same rms_norm kernel). The embedding lookup, the rotary
 tables and the lm_head stay in Python (once a step).
 """
 
@@ -31,11 +32,17 @@ def block_modules(block: nn.Module) -> list[nn.Module]:
     return [block.input_layernorm, block.post_attention_layernorm, attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj]
 
 
+def qk_norms(block: nn.Module) -> list[torch.Tensor]:
+    """The q and k norms' weights of a block (its input norm's twice where it has none: unused by the loop)."""
+    attn = block.self_attn
+    return [attn.q_norm.weight, attn.k_norm.weight] if attn.qk_norm else [block.input_layernorm.weight] * 2
+
+
 def simple_layers(cfg: ModelConfig) -> bool:
-    """Layers the C loop runs: Llama's norms, no q/k norms or multipliers, SiLU, full rotation by one table,
-    plain attention (the loop calls the kernels Llama's layer needs, nothing else)."""
+    """Layers the C loop runs: Llama's norms (x * w), q/k norms per head or none, no multipliers, SiLU, full
+    rotation by one table, plain attention (the loop calls the kernels Llama's and Qwen3's layers need)."""
     arch = cfg.arch
-    return (arch.norms == Norms() and arch.qk_norm is None and not arch.norm_offset and cfg.plain_attention()
+    return (arch.norms == Norms() and arch.qk_norm in (None, "head") and not arch.norm_offset and cfg.plain_attention()
             and cfg.hidden_act == "silu" and cfg.residual_multiplier == 1.0 and cfg.local_rope is None
             and cfg.partial_rotary_factor == 1.0)
 
@@ -60,7 +67,7 @@ class DecodeStep:
         cfg, blocks = model.cfg, model.model.layers
         self.model, self.kv = model, kv
         self.first = block_modules(blocks[0])  # every block has the same shapes, so the same plans
-        ptrs = [t.data_ptr() for b in blocks for m in block_modules(b) for t in self._tensors(m)]
+        ptrs = [t.data_ptr() for b in blocks for t in [*(t for m in block_modules(b) for t in self._tensors(m)), *qk_norms(b)]]
         self.ptrs = torch.tensor(ptrs + [model.model.norm.weight.data_ptr()], dtype=torch.int64)
         dense = isinstance(self.first[2], CpuLinear)
         lin = linear_cpu.load() if dense else (nibble_q8_cpu if self.first[2].int8_activations else nibble_linear_cpu).load()
@@ -68,7 +75,8 @@ class DecodeStep:
                                  decode_step_cpu.address(rope_cpu.load(), "rope"),
                                  decode_step_cpu.address(paged_attention_cpu.load(), "paged_attention")], dtype=torch.int64)
         self.dims = torch.tensor([cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                  kv.shape[3], kv.shape[2], 0, cfg.num_layers, 1 if dense else self.first[2].group_size, int(dense)],
+                                  kv.shape[3], kv.shape[2], 0, cfg.num_layers, 1 if dense else self.first[2].group_size, int(dense),
+                                  int(cfg.arch.qk_norm is not None)],
                                  dtype=torch.int32)
         self.eps, self.scale = self.first[0].eps, cfg.scale()
         self.scratch = torch.empty(0)  # grown to the most rows a step has had
