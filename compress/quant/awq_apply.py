@@ -20,7 +20,10 @@ from compress.quant.gptq import gptq_codes, prepare
 from compress.quant.primitives import IntSpec, qparams
 from compress.quant.swap import quantize_block
 
-NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")  # their error is shaped by softmax, not the output MSE
+# Their error is shaped by softmax, not the output MSE (AutoAWQ's auto_clip skips them too). Phi-3's fused
+# self_attn.qkv_proj is clip-searched whole, as AutoAWQ does (its skip list matches q_/k_, not qkv_proj): leaving it
+# out would drop v's rows from the search, and each row's grid still minimizes that row's own output error.
+NO_CLIP = ("self_attn.q_proj", "self_attn.k_proj")
 
 
 def head_mapping(block: nn.Module, group: ScaleGroup, head_dim: int):
@@ -30,7 +33,8 @@ def head_mapping(block: nn.Module, group: ScaleGroup, head_dim: int):
     channel kv(h)*D + d, so o's statistics are averaged over the heads of each KV group and
     a scale on v's channel is repeated for every head that reads it.
     """
-    prev, first = block.get_submodule(group.prev), block.get_submodule(group.linears[0])
+    prev = block.get_submodule(group.prev) if group.prev else None
+    first = block.get_submodule(group.linears[0])
     if not isinstance(prev, nn.Linear) or prev.out_features == first.in_features:
         return (lambda m: m), (lambda s: s)
     rep, kv = first.in_features // prev.out_features, prev.out_features // head_dim
@@ -42,10 +46,12 @@ def head_mapping(block: nn.Module, group: ScaleGroup, head_dim: int):
 
 @torch.no_grad()
 def fold_scales(block: nn.Module, group: ScaleGroup, s: torch.Tensor, expand) -> None:
-    """prev's output /= s, the Linears' input columns *= s: the block computes the same function."""
+    """prev's output /= s, the Linears' input columns *= s: the block computes the same function.
+    A norm scaling by (offset + w) takes w' = (offset + w) / s - offset (Gemma's 1 + w)."""
     prev = block.get_submodule(group.prev)
     if isinstance(prev, RMSNorm):
-        prev.weight.div_(s.to(prev.weight.dtype))
+        w = prev.weight  # offset 0: the division in the weight's dtype, as before there were offsets
+        w.copy_((prev.offset + w.float()) / s.float() - prev.offset) if prev.offset else w.div_(s.to(w.dtype))
     else:
         prev.weight.div_(s.to(prev.weight.dtype)[:, None])
         if prev.bias is not None:
@@ -63,7 +69,8 @@ def search_group(block, group: ScaleGroup, feats: dict, spec: IntSpec, cfg: Quan
     weights = {name.removeprefix(prefix) + ".weight" if prefix else "weight": block.get_submodule(name).weight for name in group.linears}
     f = feats[group.module]
     x = f["sequences"] if group.module == "self_attn" else f["tokens"]
-    return search_scale(module, weights, x, reduce(f["mean_abs"]), expand, spec, cfg.grid), expand
+    grid = cfg.grid if group.prev else 1  # nothing to fold a scale into: the one candidate alpha = 0, plain rounding
+    return search_scale(module, weights, x, reduce(f["mean_abs"]), expand, spec, grid), expand
 
 
 def block_device(block: nn.Module) -> torch.device:
@@ -128,7 +135,8 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
     hessians = {}  # per searched Linear: its group's input second moments [G, g, g], shared by the group
     grams = {}  # GPTQ: per Linear, E[x x^T] of its scaled input over every calibration token [I, I]
     for g, (res, expand) in zip(groups, found):
-        fold_scales(block, g, res.scales, expand)
+        if g.prev:  # else the scales are ones
+            fold_scales(block, g, res.scales, expand)
         searched = [name for name in g.linears if name not in NO_CLIP] if cfg.clip_search else []
         if searched:
             h = group_hessians(feats[g.module]["tokens"] / expand(res.scales).to(x.dtype), spec.group_size)

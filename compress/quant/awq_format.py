@@ -14,14 +14,13 @@ import torch
 
 from compress.errors import UserError
 from compress.model import lazy, load
-from compress.model.arch import LAYER_LINEARS
 from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
 from compress.quant import packing
 from compress.quant.linear import PackedLinear
 from compress.quant.primitives import IntSpec
-from compress.quant.swap import quantized_linears, swap_linears
+from compress.quant.swap import layer_linears, quantized_linears, swap_linears
 
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 SHIFTS = torch.arange(8) * 4
@@ -57,7 +56,7 @@ def awq_tensors(name: str, m: PackedLinear) -> dict[str, torch.Tensor]:
 
 def awq_block_state(block: torch.nn.Module) -> dict[str, torch.Tensor]:
     """One quantized block's tensors in AutoAWQ's names: qweight/qzeros/scales per Linear, the rest as is."""
-    linears = {name: block.get_submodule(name) for name in LAYER_LINEARS}
+    linears = layer_linears(block)  # as the family stores them: Phi-3's qkv_proj is one WQLinear
     state = {k: v for k, v in block.state_dict().items() if k.rpartition(".")[0] not in linears}
     for name, m in linears.items():
         state.update(awq_tensors(name, m))

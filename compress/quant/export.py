@@ -12,6 +12,7 @@ import torch
 
 from compress.errors import UserError
 from compress.model import lazy, load
+from compress.model.arch import Arch
 from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.shards import ShardWriter
@@ -51,21 +52,26 @@ def compressed_tensors_config(fmt: str, weights: dict, inputs: dict | None) -> d
     }
 
 
-def int8_config(spec: Int8Spec) -> dict:
+def int8_config(spec: Int8Spec, arch: Arch) -> dict:
     return {
         "quant_method": INT8_METHOD,
         "version": 1,
         "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
         "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
         "outliers": {"threshold": spec.outlier_threshold, "topk": spec.outlier_topk, "dtype": "float16"},
-        "smoothing": {"alpha": spec.smooth_alpha, "folded_into": "input_layernorm, post_attention_layernorm"},
+        "smoothing": {"alpha": spec.smooth_alpha, "folded_into": ", ".join(smoothed_norms(arch))},
         "ignore": ["lm_head"],
     }
 
 
-def quantization_config(spec: Spec) -> dict:
+def smoothed_norms(arch: Arch) -> list[str]:
+    """The norms SmoothQuant's scales fold into (static_apply.smooth_block): those that feed a scale group."""
+    return [g.prev for g in arch.scale_groups if g.prev in arch.norms.names()]
+
+
+def quantization_config(spec: Spec, arch: Arch) -> dict:
     if isinstance(spec, Int8Spec):
-        return int8_config(spec)
+        return int8_config(spec, arch)
     if isinstance(spec, Fp8Spec):
         inputs = fp8_args("tensor", False) if spec.static_activations else fp8_args("token", True)
         return compressed_tensors_config(FLOAT, fp8_args("channel", False), inputs)
@@ -126,7 +132,7 @@ class QuantizedWriter:
         if self.fmt == "awq":
             return {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": self.spec.group_size,
                     "zero_point": True, "modules_to_not_convert": None}
-        return quantization_config(self.spec)
+        return quantization_config(self.spec, self.model.cfg.arch)
 
 
 def write_quantized(model: Decoder, spec: Spec, out_dir: Path, source_dir: Path | None, fmt: str = "compressed-tensors",

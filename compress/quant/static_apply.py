@@ -12,7 +12,6 @@ from torch import nn
 from tqdm import tqdm
 
 from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_absmax, run_block
-from compress.model.arch import LAYER_LINEARS
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.awq_apply import fold_scales
 from compress.quant.fp8 import Fp8Spec, input_scale
@@ -35,7 +34,7 @@ def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc:
     stats = {}
     for i, block in tqdm(blocks(model, device, done), total=model.cfg.num_layers, desc=desc, unit="block"):
         model.prepare(positions, x.dtype)
-        absmax = record_absmax(block, x, list(LAYER_LINEARS))
+        absmax = record_absmax(block, x, list(block.linears))
         if transform is not None:
             transform(block, absmax)
         swap_linears(block, lambda name, lin: make(name, lin, absmax[name]))
@@ -45,13 +44,14 @@ def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc:
 
 
 def smooth_block(model: Decoder, alpha: float) -> Transform:
-    """SmoothQuant on the Linears fed by an RMSNorm (q,k,v and gate,up): the scales fold into
-    the norm's weight exactly, and the statistics become those of the smoothed inputs."""
+    """SmoothQuant on the Linears fed by an RMSNorm (q,k,v and gate,up; Phi-3's fused qkv and gate_up): the scales
+    fold into the norm's weight exactly (of either form, x * w or x * (1 + w)), and the statistics become those of
+    the smoothed inputs. Groups with no norm before them (OLMo 2's) are left as they are."""
 
     @torch.no_grad()
     def transform(block: nn.Module, absmax: dict[str, torch.Tensor]) -> None:
         for g in model.cfg.arch.scale_groups:
-            if not isinstance(block.get_submodule(g.prev), RMSNorm):
+            if g.prev is None or not isinstance(block.get_submodule(g.prev), RMSNorm):
                 continue  # a Linear-fed group: its scale would move error into the previous int8 Linear
             w_absmax = torch.stack([block.get_submodule(n).weight.abs().amax(0).float() for n in g.linears]).amax(0)  # [C]
             s = smooth_scales(absmax[g.linears[0]], w_absmax, alpha)  # [C]

@@ -11,7 +11,6 @@ from torch import nn
 from tqdm import tqdm
 
 from compress.calib import BlockDone, blocks, compute_device
-from compress.model.arch import LAYER_LINEARS
 from compress.model.decoder import Decoder
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
@@ -22,7 +21,8 @@ Spec = IntSpec | Int8Spec | Fp8Spec  # what a method produced: enough to write a
 
 
 def layer_linears(block: nn.Module) -> dict[str, nn.Module]:
-    return {name: block.get_submodule(name) for name in LAYER_LINEARS}
+    """Name -> module of the block's own Linears, as its family stores them (Phi-3's fused qkv_proj, ...)."""
+    return {name: block.get_submodule(name) for name in block.linears}
 
 
 def quantized_linears(model: Decoder) -> dict[str, nn.Module]:
