@@ -116,32 +116,51 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
             (Path(dst) / name).write_bytes(f.read_bytes())
 
 
-GGUF_ARCHS = ("llama", "qwen2")  # GGUF names; Mistral and SmolLM2 files say "llama"
+# GGUF names of our families that transformers' GGUF reader loads (Mistral and SmolLM2 files say "llama"; "gemma3" is
+# Gemma 3's text decoder).
+GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
+
+
+# Rotary scaling that transformers' GGUF reader drops: tensors (Llama 3.1's rope_freqs, Phi-3's longrope factors) and
+# the ARCH.rope.scaling.type key (yarn, linear); a model converted without them computes other logits.
+DROPPED_GGUF_TENSORS = ("rope_freqs.", "rope_factors_")
+
+
+def dropped_rope(reader) -> list[str]:
+    tensors = {t.name for t in reader.tensors if t.name.startswith(DROPPED_GGUF_TENSORS)}
+    keys = {k for k, f in reader.fields.items() if k.endswith(".rope.scaling.type") and f.contents() not in ("none", "")}
+    return sorted(tensors | keys)
 
 
 def gguf_architecture(path: Path) -> str:
+    """The GGUF's general.architecture; refused where a conversion would drop its rotary scaling."""
     from gguf import GGUFReader
 
     try:
-        field = GGUFReader(str(path)).fields["general.architecture"]
+        reader = GGUFReader(str(path))
+        field = reader.fields["general.architecture"]
     except (ValueError, KeyError, OSError) as e:
         raise UserError(f"{path} is not a readable GGUF file ({e})") from e
+    dropped = dropped_rope(reader)
+    if dropped:
+        raise UserError(f"{path} scales its rotary embedding ({', '.join(dropped)}) in a way that transformers' GGUF "
+                        "reader drops; convert the Hugging Face checkpoint instead")
     return bytes(field.parts[field.data[0]]).decode()
 
 
 def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a Llama-family GGUF into an fp32 HF safetensors directory (+ tokenizer)."""
+    """Dequantize a GGUF of one of GGUF_ARCHS into an fp32 HF safetensors directory (+ tokenizer)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf_path = Path(gguf_path)
     arch = gguf_architecture(gguf_path)
     if arch not in GGUF_ARCHS:
-        raise UserError(f"{gguf_path} holds a '{arch}' model, not a Llama-family one (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
+        raise UserError(f"{gguf_path} holds a '{arch}' model (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
     kwargs = dict(gguf_file=gguf_path.name)
     try:
         hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
     except (ValueError, KeyError, RuntimeError) as e:
-        raise UserError(f"{gguf_path} could not be read as a Llama-family GGUF: {str(e).splitlines()[0]}") from e
+        raise UserError(f"{gguf_path} could not be read as a '{arch}' GGUF: {str(e).splitlines()[0]}") from e
     # transformers keeps a GGUF quantizer attached that makes save_pretrained refuse, so the
     # weights go through our own decoder and writer instead (logits are identical).
     cfg = ModelConfig.from_hf(hf.config.to_dict())
