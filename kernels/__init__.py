@@ -16,12 +16,13 @@ import torch
 
 from compress.kernels import dequant_matmul as _dequant_matmul_kernel
 from compress.kernels import fp8_matmul as _fp8_matmul_kernel
+from compress.kernels import fused_moe as _fused_moe_kernel
 from compress.kernels import int8_matmul as _int8_matmul_kernel
 from compress.kernels import paged_attention as _paged_attention_kernel
 from compress.kernels import packed_words, paged_attention_cpu
 from compress.kernels import reference
 
-__all__ = ["dequant_matmul", "dequantize_packed", "fp8_matmul", "int8_outlier_matmul", "paged_attention"]
+__all__ = ["dequant_matmul", "dequantize_packed", "fp8_matmul", "fused_moe_int4", "int8_outlier_matmul", "paged_attention"]
 
 # From this many rows on, dequantizing W once and running the dense GEMM beats the fused kernel
 # (the rule vLLM's AWQ uses): the fused one redoes the dequantization for every tile of rows.
@@ -58,6 +59,12 @@ def fp8_matmul(x: torch.Tensor, weight, weight_scale, bias=None, input_scale=Non
     """y [..., O]: e4m3 weight x e4m3 activations (per token, or per tensor with input_scale)."""
     op = _fp8_matmul_kernel.fp8_matmul if x.is_cuda else reference.fp8_matmul
     return op(x, weight, weight_scale, bias, input_scale)
+
+
+def fused_moe_int4(x: torch.Tensor, gate_up: tuple, down: tuple, topk_ids: torch.Tensor, topk_weights: torch.Tensor):
+    """out [T, C]: each token's top-k int4 experts' silu-gated MLPs, weighted and summed (layout: kernels/fused_moe.py)."""
+    op = _fused_moe_kernel.fused_moe_int4 if x.is_cuda else reference.fused_moe_int4
+    return op(x, gate_up, down, topk_ids, topk_weights)
 
 
 def paged_attention(q: torch.Tensor, k_cache, v_cache, block_tables, context_lens, scale: float | None = None,

@@ -187,3 +187,27 @@ def paged_attention(
             scores = torch.tanh(scores / softcap) * softcap
         out[s] = torch.einsum("hn,nhd->hd", scores.softmax(-1), v).to(q.dtype)
     return out
+
+
+def fused_moe_int4(
+    x: torch.Tensor,  # [T, C] fp16 / bf16 / fp32
+    gate_up: tuple,  # (packed [E, 2I, C/8] int32, scale [E, 2I, C/g], zero [E, 2I/8, C/g] int32 | None): gate rows, then up
+    down: tuple,  # (packed [E, C, I/8] int32, scale [E, C, I/g], zero [E, C/8, I/g] int32 | None)
+    topk_ids: torch.Tensor,  # [T, K] int: the experts of each token
+    topk_weights: torch.Tensor,  # [T, K] fp32: their routing weights
+) -> torch.Tensor:
+    """out [T, C] in x's dtype: out[t] = sum_k w[t, k] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = topk_ids[t, k].
+
+    Each expert's weights are dequant_matmul's int4 layout, stacked over experts. fp32 math; the
+    intermediate silu(gate) * up is rounded to x's dtype (as the kernel stores it); an expert no
+    token chose is never read.
+    """
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # [T, C]
+    for e in topk_ids.unique().tolist():
+        token, k = (topk_ids == e).nonzero(as_tuple=True)  # [n] each
+        w13, w2 = (dequantize_packed(p[e], s[e], None if z is None else z[e], 4, p.shape[-1] * 8).to(x.dtype).float()
+                   for p, s, z in (gate_up, down))  # [2I, C], [C, I]
+        gate, up = (x[token].float() @ w13.t()).chunk(2, dim=-1)  # [n, I] each
+        h = (torch.nn.functional.silu(gate) * up).to(x.dtype).float()  # [n, I]
+        out.index_add_(0, token, (h @ w2.t()) * topk_weights[token, k, None].float())
+    return out.to(x.dtype)

@@ -1,4 +1,4 @@
-"""Kernel benchmark: each Triton kernel vs fp16 torch on Llama Linear shapes; paged attention vs SDPA.
+"""Kernel benchmark: each Triton kernel vs fp16 torch on Llama Linear shapes; paged attention vs SDPA; fused MoE.
 
     python -m compress.bench.triton_kernels --out bench.json            # CUDA GPU, a few minutes
     TRITON_INTERPRET=1 python -m compress.bench.triton_kernels --dry-run --out bench.json   # CPU, tiny shapes
@@ -6,7 +6,8 @@
 For every (model, Linear shape [O, I], M) it times each kernel and ``torch.matmul`` in fp16 on the
 same shapes in the same run, and reports the speed-up (fp16 time / kernel time) and the achieved
 memory bandwidth (bytes the op must move / time) as a share of the GPU's peak. Paged attention is
-timed against ``scaled_dot_product_attention`` on the same keys and values laid out densely.
+timed against ``scaled_dot_product_attention`` on the same keys and values laid out densely, and the
+fused int4 MoE against the same experts in fp16 run one by one in torch (``compress/model/moe.py``'s loop).
 ``--dry-run`` runs everything on tiny shapes under the Triton interpreter, to prove the script
 works end to end; its times mean nothing.
 """
@@ -22,6 +23,7 @@ import triton
 from compress.kernels.checks import interpreting
 from compress.kernels.dequant_matmul import dequant_matmul
 from compress.kernels.fp8_matmul import fp8_matmul
+from compress.kernels.fused_moe import fused_moe_int4
 from compress.kernels.int8_matmul import int8_outlier_matmul
 from compress.kernels.paged_attention import paged_attention
 
@@ -34,6 +36,8 @@ ATTENTION = [(1, 4096), (16, 1024), (64, 2048)]  # (sequences, context length): 
 DRY_LINEAR = {"tiny": [(40, 64)]}
 DRY_BATCH = [1, 17]
 DRY_ATTENTION = [(2, 20)]
+MOE = {"qwen3-30b-a3b": (2048, 768, 128, 8)}  # model -> (hidden C, expert width I, experts E, top-k K)
+DRY_MOE = {"tiny": (64, 32, 4, 2)}
 PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100": 2000, "A100": 2039, "L40S": 864, "A10": 600}
 GROUP, OUTLIERS, BLOCK_SIZE = 128, 16, 16
 
@@ -118,6 +122,41 @@ def bench_attention(seqs: int, context: int, heads: int, kv_heads: int, dim: int
                 fp16_ms=sdpa_ms, speedup=sdpa_ms / ms, gbps=gbps, peak_pct=None if peak is None else 100 * gbps / peak)
 
 
+def moe_operands(experts: int, o: int, i: int, device):
+    """(packed [E, O, I/8], scale [E, O, I/g], zero [E, O/8, I/g]): random words, fp16 scales."""
+    group = min(GROUP, i)
+    words = lambda *shape: torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=device)  # noqa: E731
+    scale = torch.rand(experts, o, i // group, device=device, dtype=torch.float16) * 0.01
+    return words(experts, o, i // 8), scale, words(experts, o // 8, i // group)
+
+
+def moe_fp16(x, w13, w2, ids, weights):
+    """The baseline: each chosen expert's fp16 MLP [E, 2I, C], [E, C, I] on its own tokens, weighted and summed."""
+    out = torch.zeros_like(x)  # [T, C]
+    for e in ids.unique().tolist():
+        token, k = (ids == e).nonzero(as_tuple=True)
+        gate, up = (x[token] @ w13[e].t()).chunk(2, -1)
+        out.index_add_(0, token, (torch.nn.functional.silu(gate) * up) @ w2[e].t() * weights[token, k, None].to(x.dtype))
+    return out
+
+
+def bench_moe(model: str, hidden: int, width: int, experts: int, top_k: int, batch: list[int], device, peak) -> list[dict]:
+    gate_up, down = moe_operands(experts, 2 * width, hidden, device), moe_operands(experts, hidden, width, device)
+    w13 = torch.randn(experts, 2 * width, hidden, device=device, dtype=torch.float16)
+    w2 = torch.randn(experts, hidden, width, device=device, dtype=torch.float16)
+    expert_bytes = sum(t.numel() * t.element_size() for t in (*gate_up, *down)) / experts
+    rows = []
+    for m in batch:
+        x = torch.randn(m, hidden, device=device, dtype=torch.float16)  # [T, C]
+        weights, ids = torch.rand(m, experts, device=device).softmax(-1).topk(top_k)  # [T, K] each
+        fp16_ms = milliseconds(lambda: moe_fp16(x, w13, w2, ids, weights))
+        ms = milliseconds(lambda: fused_moe_int4(x, gate_up, down, ids, weights))
+        gbps = (ids.unique().numel() * expert_bytes + 2 * m * hidden * 2) / ms / 1e6
+        rows.append(dict(op="fused moe int4", model=model, shape=f"E{experts} C{hidden} I{width} top{top_k}", M=m,
+                         ms=ms, fp16_ms=fp16_ms, speedup=fp16_ms / ms, gbps=gbps, peak_pct=None if peak is None else 100 * gbps / peak))
+    return rows
+
+
 def table(rows: list[dict]) -> str:
     lines = ["| op | model | shape | M | ms | baseline ms | speed-up | GB/s | % peak |", "|" + "---|" * 9]
     for r in rows:
@@ -130,10 +169,11 @@ def table(rows: list[dict]) -> str:
 def run(dry_run: bool) -> list[dict]:
     device = torch.device("cpu" if dry_run else "cuda")
     peak = peak_gbps(device)
-    linear, batch, attention = (DRY_LINEAR, DRY_BATCH, DRY_ATTENTION) if dry_run else (LINEAR_SHAPES, BATCH, ATTENTION)
+    linear, batch, attention, moe = (DRY_LINEAR, DRY_BATCH, DRY_ATTENTION, DRY_MOE) if dry_run else (LINEAR_SHAPES, BATCH, ATTENTION, MOE)
     heads = (4, 2, 16) if dry_run else (32, 8, 128)
     rows = [row for model, shapes in linear.items() for o, i in shapes for row in bench_linear(model, o, i, batch, device, peak)]
     rows += [bench_attention(s, c, *heads, device, peak) for s, c in attention]
+    rows += [row for model, shape in moe.items() for row in bench_moe(model, *shape, batch, device, peak)]
     return rows
 
 

@@ -14,8 +14,8 @@ def test_dry_run_writes_rows_and_prints_table(tmp_path):
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["rows"]
     ops = {r["op"] for r in rows}
-    assert ops == {"int4 g64", "int3 g64", "int8 +16 outliers", "fp8 e4m3", "paged attention"}
-    assert len(rows) == 4 * 2 + 1  # 4 Linear kernels x 2 batch sizes, one attention case
+    assert ops == {"int4 g64", "int3 g64", "int8 +16 outliers", "fp8 e4m3", "paged attention", "fused moe int4"}
+    assert len(rows) == 4 * 2 + 1 + 2  # 4 Linear kernels x 2 batch sizes, one attention case, MoE x 2 batch sizes
     assert all(r["ms"] > 0 and r["speedup"] > 0 for r in rows)
     assert "| op | model | shape | M |" in proc.stdout
 

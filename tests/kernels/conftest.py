@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-KERNEL_MODULES = ["dequant_matmul", "int8_matmul", "fp8_matmul", "paged_attention"]
+KERNEL_MODULES = ["dequant_matmul", "int8_matmul", "fp8_matmul", "paged_attention", "fused_moe"]  # fused_moe after dequant_matmul: it reuses its tile
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
