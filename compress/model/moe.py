@@ -32,10 +32,14 @@ class Expert(nn.Module):
         self.names, self.act = names, act
         for name, (fan_in, fan_out) in zip(names, ((hidden, width), (hidden, width), (width, hidden))):
             setattr(self, name, nn.Linear(fan_in, fan_out, bias=False))
+        self.gate_up = None  # the CPU runtime's gate and up as one Linear (runtime/cpu_fusion.py), replacing the two
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up, down = (getattr(self, n) for n in self.names)
-        return down(self.act(gate(x)) * up(x))  # [N, C] of x [N, C]
+        if self.gate_up is not None:
+            gate, up = self.gate_up(x).chunk(2, -1)  # views of [N, 2 * width]
+        else:
+            gate, up = (getattr(self, n)(x) for n in self.names[:2])
+        return getattr(self, self.names[2])(self.act(gate) * up)  # [N, C] of x [N, C]
 
 
 class SparseMoe(nn.Module):
@@ -49,6 +53,7 @@ class SparseMoe(nn.Module):
             self.shared_expert_gate = nn.Linear(C, 1, bias=False)
         self.shared = facts.shared
         self.top_k, self.renormalize = m.top_k, m.renormalize
+        self.calibrating = False  # run_expert: every expert on every token, the output still routed
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [N, K] in x's dtype, experts [N, K]) of x [N, C]: the top-k of a softmax taken in fp32."""
@@ -68,13 +73,20 @@ class SparseMoe(nn.Module):
         tokens, slot_weights = slots // self.top_k, weights.flatten()[slots]  # [N K] each
         start = 0
         for expert, n in zip(self.experts, counts):
-            if n:  # an expert no token chose is skipped
+            if n or self.calibrating:  # an expert no token chose is skipped, but in calibration
                 rows = tokens[start:start + n]  # [n]
-                out.index_add_(0, rows, expert(x[rows]) * slot_weights[start:start + n, None])
+                out.index_add_(0, rows, self.run_expert(expert, x, shape, rows) * slot_weights[start:start + n, None])
             start += n
         if self.shared:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x.view(shape)).view(x.shape)
         return out.view(shape)
+
+    def run_expert(self, expert: Expert, x: torch.Tensor, shape: torch.Size, rows: torch.Tensor) -> torch.Tensor:
+        """expert(x[rows]) [n, C] of x [N, C]; calibrating, the expert runs on every token as ``shape`` (what hooks
+        on its Linears record: quantization's "calibrate all experts", quant/moe_calib.py), then its rows are taken."""
+        if self.calibrating:
+            return expert(x.view(shape)).view(x.shape)[rows]
+        return expert(x[rows])
 
 
 def hub_layout(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[str, torch.Tensor]:

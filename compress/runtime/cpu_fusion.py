@@ -12,11 +12,15 @@ and activations); anything else (a Linear left to torch, a dequantized PackedLin
 import torch
 from torch import nn
 
+from compress.model.arch import MLP_NAMES
 from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
 
-# (the block's submodule, the Linears it reads one input with, the attribute of their joined Linear, the name a
-# family that stores them joined gives them: Phi-3's qkv_proj / gate_up_proj are taken over as they are)
-JOINS = (("self_attn", ("q_proj", "k_proj", "v_proj"), "qkv", "qkv_proj"), ("mlp", ("gate_proj", "up_proj"), "gate_up", "gate_up_proj"))
+# (the attribute of the joined Linear, the Linears a module reads one input with, the name a family that stores them
+# joined gives them: Phi-3's qkv_proj / gate_up_proj are taken over as they are). Every module of a block that declares
+# the joined attribute (Attention's qkv; the MLP's, and each MoE expert's and shared expert's, gate_up) is joined; an
+# expert names its gate and up as its family does (``names``: Mixtral's w1, w3).
+JOINS = (("qkv", lambda m: ("q_proj", "k_proj", "v_proj"), "qkv_proj"),
+         ("gate_up", lambda m: getattr(m, "names", MLP_NAMES)[:2], "gate_up_proj"))
 
 
 def _bias(parts: list[nn.Module]) -> torch.Tensor | None:
@@ -43,15 +47,18 @@ def joined(parts: list[nn.Module]) -> nn.Module:
 
 
 def join_projections(model: nn.Module) -> int:
-    """Join each block's q/k/v and gate/up where they are joinable, in place; the number of joins made."""
+    """Join each block's q/k/v and gate/up (each expert's, in a MoE layer) where they are joinable, in place;
+    the number of joins made."""
     count = 0
-    for block in model.model.layers:
-        for owner_name, names, attr, stored in JOINS:
-            owner = block.get_submodule(owner_name)
+    for owner in [m for block in model.model.layers for m in block.modules()]:
+        for attr, names_of, stored in JOINS:
+            if not hasattr(owner, attr):
+                continue
             if hasattr(owner, stored):
                 setattr(owner, attr, getattr(owner, stored))
                 delattr(owner, stored)
                 continue
+            names = names_of(owner)
             parts = [getattr(owner, name) for name in names]
             if not joinable(parts):
                 continue

@@ -11,8 +11,9 @@ Which models: fp32 activations, every block's q/k/v and gate/up joined (``cpu_fu
 without bias and of one kind: ``NibbleLinear`` of one group size and activation kind, or fp32 ``CpuLinear``
 (their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
 and up, where C was chosen), ``CpuRMSNorm`` norms, plain attention (no window or soft-cap), Llama's layout
-or Qwen3's (its per-head q/k norms run in the loop through the same rms_norm kernel). The embedding lookup, the rotary
-tables and the lm_head stay in Python (once a step).
+or Qwen3's (its per-head q/k norms run in the loop through the same rms_norm kernel), no mixture of experts
+(its routing runs in the modules). The embedding lookup, the rotary tables and the lm_head stay in Python
+(once a step).
 """
 
 import torch
@@ -40,10 +41,11 @@ def qk_norms(block: nn.Module) -> list[torch.Tensor]:
 
 def simple_layers(cfg: ModelConfig) -> bool:
     """Layers the C loop runs: Llama's norms (x * w), q/k norms per head or none, no multipliers, SiLU, full
-    rotation by one table, plain attention (the loop calls the kernels Llama's and Qwen3's layers need)."""
+    rotation by one table, plain attention, a dense MLP in every layer (the loop calls the kernels Llama's and
+    Qwen3's layers need)."""
     arch = cfg.arch
-    return (arch.norms == Norms() and arch.qk_norm in (None, "head") and not arch.norm_offset and cfg.plain_attention()
-            and cfg.hidden_act == "silu" and cfg.residual_multiplier == 1.0 and cfg.local_rope is None
+    return (cfg.moe is None and arch.norms == Norms() and arch.qk_norm in (None, "head") and not arch.norm_offset
+            and cfg.plain_attention() and cfg.hidden_act == "silu" and cfg.residual_multiplier == 1.0 and cfg.local_rope is None
             and cfg.partial_rotary_factor == 1.0)
 
 
