@@ -53,39 +53,62 @@ def formats(cfg: ModelConfig) -> tuple[Format, ...]:
 
 
 def linear_widths(cfg: ModelConfig) -> set[int]:
-    return {cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size}
+    moe = () if cfg.moe is None else (cfg.moe.width, *((cfg.moe.shared_width,) if cfg.moe.shared_width else ()))
+    return {cfg.hidden_size, cfg.num_heads * cfg.head_dim, cfg.intermediate_size, *moe}
 
 
-# Where each parameter of the decoder counts, by a part of its name (first match): q/k norms are norms.
-PARTS = (("embedding", "model.embed_tokens."), ("norms", "norm"), ("attention", ".self_attn."), ("mlp", ".mlp."),
-         ("lm_head", "lm_head."))
+# Where each parameter of the decoder counts, by a part of its name (first match): q/k norms are norms; a MoE block's
+# routed experts are "experts", its router, shared expert and shared expert gate "mlp" (every token reads them).
+PARTS = (("embedding", "model.embed_tokens."), ("norms", "norm"), ("attention", ".self_attn."), ("experts", ".experts."),
+         ("mlp", ".mlp."), ("mlp", ".block_sparse_moe."), ("lm_head", "lm_head."))
+
+
+_SHAPES: dict[str, dict[str, torch.Size]] = {}  # by repr(cfg): a MoE decoder of ~18k Linears takes seconds to build
 
 
 def shapes(cfg: ModelConfig) -> dict[str, torch.Size]:
-    """Every parameter of the decoder ``cfg`` builds (a tied lm_head once, as the embedding), built on the meta device:
-    each family's own projections, biases and norms, nothing allocated."""
-    with torch.device("meta"):
-        model = Decoder(cfg)
-    return {name: p.shape for name, p in model.named_parameters()}
+    """Every parameter of the decoder ``cfg`` builds (a tied lm_head once, as the embedding), built on the meta device
+    once per config: each family's own projections, biases and norms, nothing allocated."""
+    key = repr(cfg)
+    if key not in _SHAPES:
+        with torch.device("meta"):
+            _SHAPES[key] = {name: p.shape for name, p in Decoder(cfg).named_parameters()}
+    return _SHAPES[key]
+
+
+def expert_share(cfg: ModelConfig, batch: int = 1) -> float:
+    """The share of a sparse layer's routed experts a decode step at ``batch`` reads: top_k / E for one token, the
+    expected share of distinct experts (routing taken as uniform) for more; 1 for a dense model."""
+    if cfg.moe is None:
+        return 1.0
+    return 1 - (1 - cfg.moe.top_k / cfg.moe.num_experts) ** batch
 
 
 def param_counts(cfg: ModelConfig) -> dict[str, int]:
-    counts = dict.fromkeys(("embedding", "attention", "mlp", "norms", "lm_head"), 0)
+    """Parameters by part, their total and, for a mixture of experts, the active ones (those one token uses)."""
+    kinds = ("embedding", "attention", "mlp", *(("experts",) if cfg.moe else ()), "norms", "lm_head")
+    counts = dict.fromkeys(kinds, 0)
     for name, shape in shapes(cfg).items():
         counts[next(kind for kind, key in PARTS if key in name)] += shape.numel()
     counts["total"] = sum(counts.values())
+    if cfg.moe:
+        counts["active"] = counts["total"] - round(counts["experts"] * (1 - expert_share(cfg)))
     return counts
 
 
-def weight_bytes(cfg: ModelConfig, fmt: Format) -> float:
-    n = param_counts(cfg)
-    matrices = [s for name, s in shapes(cfg).items() if name.startswith("model.layers.") and len(s) == 2]
-    linear, rows = sum(s.numel() for s in matrices), sum(s[0] for s in matrices)
+def weight_bytes(cfg: ModelConfig, fmt: Format, share: float = 1.0) -> float:
+    """Bytes of the weights in ``fmt``; with ``share``, those a step reads that reads that share of the routed experts."""
+    every = shapes(cfg)
+    part = {name: share if ".experts." in name else 1.0 for name in every}  # the routed experts' share
+    matrices = {name: s for name, s in every.items() if name.startswith("model.layers.") and len(s) == 2}
+    linear = sum(s.numel() * part[name] for name, s in matrices.items())
+    rows = sum(s[0] * part[name] for name, s in matrices.items())
     if fmt.group_size is None:
         meta = rows * 2 if fmt.weight_bits < 16 else 0  # one fp16 scale per output row
     else:
         meta = linear / fmt.group_size * (2 + fmt.weight_bits / 8)  # fp16 scale + packed zero point
-    return linear * fmt.weight_bits / 8 + meta + (n["total"] - linear) * 2  # the rest (embeddings, norms, biases) fp16
+    rest = sum(s.numel() * part[name] for name, s in every.items()) - linear
+    return linear * fmt.weight_bits / 8 + meta + rest * 2  # the rest (embeddings, norms, biases) fp16
 
 
 def kv_bytes_per_token(cfg: ModelConfig, dtype_bytes: int = 2) -> int:
@@ -103,9 +126,10 @@ class DecodeStep:
 
 
 def decode_flops(cfg: ModelConfig, context: int) -> float:
-    """FLOPs of one decoded token: 2 per matmul weight (lm_head included) plus q.k and p.v over the context."""
+    """FLOPs of one decoded token: 2 per matmul weight it uses (lm_head included; top-k of the routed experts) plus
+    q.k and p.v over the context."""
     n = param_counts(cfg)
-    matmul_params = n["attention"] + n["mlp"] + cfg.vocab_size * cfg.hidden_size
+    matmul_params = n["attention"] + n["mlp"] + n.get("experts", 0) * expert_share(cfg) + cfg.vocab_size * cfg.hidden_size
     return 2 * matmul_params + 4 * cfg.num_layers * cfg.num_heads * cfg.head_dim * context
 
 
@@ -114,12 +138,17 @@ def tokens_per_s_bound(batch: int, nbytes: float, flops: float, tbps: float, tfl
     return batch / max(nbytes / (tbps * 1e12), flops / (tflops * 1e12))
 
 
+def step_weight_bytes(cfg: ModelConfig, fmt: Format, batch: int) -> float:
+    """Weight bytes a decode step at ``batch`` reads: every weight except the embedding table (one row per token is
+    read), of a mixture of experts only the routed experts the batch chose (attention, router, shared expert and
+    lm_head always)."""
+    embedding = param_counts(cfg)["embedding"] * 2 if not cfg.tie_word_embeddings else 0
+    return weight_bytes(cfg, fmt, expert_share(cfg, batch)) - embedding
+
+
 def decode_step(cfg: ModelConfig, fmt: Format, gpu: GPU, batch: int, context: int) -> DecodeStep:
-    n = param_counts(cfg)
     flops = batch * decode_flops(cfg, context)
-    # every weight except the embedding table (one row per token is read) + every KV cache
-    read = weight_bytes(cfg, fmt) - (n["embedding"] * 2 if not cfg.tie_word_embeddings else 0)
-    nbytes = read + batch * context * kv_bytes_per_token(cfg)
+    nbytes = step_weight_bytes(cfg, fmt, batch) + batch * context * kv_bytes_per_token(cfg)
     intensity, ridge = flops / nbytes, gpu.tflops * 1e12 / (gpu.tbps * 1e12)
     bound = tokens_per_s_bound(batch, nbytes, flops, gpu.tbps, gpu.tflops)
     return DecodeStep(flops, nbytes, intensity, ridge, intensity < ridge, bound)

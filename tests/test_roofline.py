@@ -2,6 +2,7 @@
 
 import pytest
 
+from compress.commands.info import print_info
 from compress.model.config import ModelConfig
 from compress.roofline import GPUS, decode_step, formats, kv_bytes_per_token, param_counts, tokens_per_s_bound, weight_bytes
 
@@ -60,3 +61,36 @@ def test_decode_step_roofline(cfg):
 def test_tokens_per_s_bound_is_set_by_the_slower_of_bytes_and_flops():
     assert tokens_per_s_bound(4, 2e12, 0.0, tbps=1.0) == pytest.approx(2.0)  # 2 s to read the bytes, 4 tokens
     assert tokens_per_s_bound(4, 1e12, 8e12, tbps=1.0, tflops=2.0) == pytest.approx(1.0)  # 4 s of FLOPs bind
+
+
+MIXTRAL = {"model_type": "mixtral", "vocab_size": 1000, "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 2,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 8, "num_experts_per_tok": 2,
+           "tie_word_embeddings": False}
+
+
+def test_mixture_of_experts_counts_active_parameters_and_reads_top_k_experts_per_token():
+    cfg = ModelConfig.from_hf(MIXTRAL)
+    n = param_counts(cfg)
+    expert = 3 * 64 * 96
+    assert n["experts"] == 2 * 8 * expert and n["mlp"] == 2 * 8 * 64  # the router: block_sparse_moe.gate
+    assert n["active"] == n["total"] - 2 * 6 * expert
+    fp16 = formats(cfg)[0]
+    assert weight_bytes(cfg, fp16) == 2 * n["total"]
+    one = decode_step(cfg, fp16, GPUS["h100"], batch=1, context=10)
+    assert one.bytes == 2 * (n["active"] - n["embedding"]) + 10 * kv_bytes_per_token(cfg)
+    assert one.flops == 2 * (n["active"] - n["embedding"] - n["norms"]) + 4 * 2 * 4 * 16 * 10
+    many = decode_step(cfg, fp16, GPUS["h100"], batch=64, context=10)  # nearly every expert chosen by some token
+    assert many.bytes - 64 * 10 * kv_bytes_per_token(cfg) == pytest.approx(2 * (n["total"] - n["embedding"]), rel=1e-3)
+
+
+def test_info_of_a_mixture_of_experts_reports_active_parameters_and_bytes_per_token(tmp_path, capsys):
+    from tests.conftest import save_hf, tiny_hf
+    from tests.families import MOE_FAMILIES
+
+    model_dir = save_hf(tiny_hf("mixtral", **MOE_FAMILIES["mixtral"]), tmp_path / "mixtral")
+    print_info(str(model_dir), "h100", batch=1, context=100)
+    out = capsys.readouterr().out
+    n = param_counts(ModelConfig.from_hf(MIXTRAL | {"vocab_size": 256, "intermediate_size": 128, "num_local_experts": 4}))
+    assert f"active     {n['active']:>14,}" in out and "2 of 4 routed experts per token in 2 sparse layers" in out
+    fp16 = next(line for line in out.splitlines() if line.startswith("| fp16 |")).split("|")
+    assert float(fp16[3]) == pytest.approx(2 * (n["active"] - n["embedding"]) / 2**20, abs=0.1)
