@@ -98,6 +98,8 @@ def prune_and_distill(model: str, pcfg: PruneConfig, dcfg: DistillConfig | None,
     if (read_manifest(src) or {}).get("recipe", {}).get("quantize"):
         raise UserError(f"{model} is quantized; prune the unquantized checkpoint, then quantize the result")
     cfg = ModelConfig.from_hf(read_config(src))
+    if cfg.moe is not None:
+        raise UserError(f"{model} is a mixture of experts ({cfg.arch.model_type}); prune-distill prunes dense models only for now")
     shape = choose_shape(cfg, pcfg)
     check_memory(cfg, shape, pcfg, dcfg, fsdp)
     tokenizer = models.load_tokenizer(src)

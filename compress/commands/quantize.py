@@ -16,6 +16,7 @@ from compress.quant.config import QuantConfig
 from compress.quant.export import INT8_METHOD, QuantizedWriter
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
+from compress.quant.moe_calib import RoutedTokens
 from compress.quant.primitives import DEFAULT_GROUP_SIZES, IntSpec
 
 
@@ -75,15 +76,18 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
         calib = calibration_tokens(models.load_tokenizer(src), cfg)
     with outdir.staged(Path(output), force) as tmp:  # an interrupted run leaves no OUT
         start = time.perf_counter()
-        writer = QuantizedWriter(tmp, decoder, spec, cfg.format, dtype, src)
-        quantize(decoder, cfg, calib, verbose, done=writer.block)
+        writer, routed = QuantizedWriter(tmp, decoder, spec, cfg.format, dtype, src), RoutedTokens()
+        quantize(decoder, cfg, calib, verbose, done=writer.block, routed=routed)
         writer.finish()
         seconds = time.perf_counter() - start
+        if routed.summary():
+            print(routed.summary())
         write_manifest(
             tmp,
             recipe={"quantize": asdict(cfg) | asdict(spec)},
             source={"model": model, "path": str(src)},
-            stats={"quantize_seconds": round(seconds, 1), "peak_rss_mib": round(peak_rss_mib())},
+            stats={"quantize_seconds": round(seconds, 1), "peak_rss_mib": round(peak_rss_mib())}
+            | ({"routed_tokens": routed.as_dict()} if routed.counts else {}),
             quality={},
         )
     print(f"wrote {output} ({describe(cfg, spec, writer.stats)}, {load.dtype_name(writer.dtype)}) "

@@ -13,6 +13,7 @@ from compress.quant.awq_apply import awq_quantize
 from compress.quant.config import INT_METHODS, QuantConfig
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
+from compress.quant.moe_calib import RoutedTokens
 from compress.quant.primitives import DEFAULT_GROUP_SIZES, IntSpec, default_group_size
 from compress.quant.static_apply import fp8_quantize, int8_quantize
 # The swap helpers live in swap.py so that the methods import them one way.
@@ -39,7 +40,10 @@ def resolve_group_size(model: Decoder, requested: int | None) -> int:
 
 
 def int_spec(model: Decoder, cfg: QuantConfig) -> IntSpec:
-    return IntSpec(cfg.bits, resolve_group_size(model, cfg.group_size), cfg.symmetric)
+    """A model with experts is quantized symmetrically for compressed-tensors: transformers' and vLLM's MoE loaders
+    read an expert's packed weights and scales, no zero points (llm-compressor's W4A16 for MoE is symmetric too)."""
+    symmetric = cfg.symmetric or (model.cfg.moe is not None and cfg.format == "compressed-tensors")
+    return IntSpec(cfg.bits, resolve_group_size(model, cfg.group_size), symmetric)
 
 
 def int8_spec(model: Decoder, cfg: QuantConfig) -> Int8Spec:
@@ -60,15 +64,16 @@ def method_spec(model: Decoder, cfg: QuantConfig) -> Spec:
 
 
 def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None, verbose: bool = False,
-             done: BlockDone | None = None) -> Spec:
+             done: BlockDone | None = None, routed: RoutedTokens | None = None) -> Spec:
     """Quantize ``model`` in place with the method of ``cfg``; returns the spec it used. ``done(i, block)`` is
-    called as each block is finished (streaming export); a lazy model's block is released after it."""
+    called as each block is finished (streaming export); a lazy model's block is released after it. ``routed``
+    counts the tokens each expert's router chose in calibration (moe_calib.py)."""
     spec = method_spec(model, cfg)
     if cfg.method in ("int8", "fp8"):
-        (int8_quantize if cfg.method == "int8" else fp8_quantize)(model, spec, calib, done)
+        (int8_quantize if cfg.method == "int8" else fp8_quantize)(model, spec, calib, done, routed)
         return spec
     if cfg.method == "rtn":
         each_block(model, lambda block: quantize_block(block, spec), f"RTN int{spec.bits}", done)
         return spec
-    awq_quantize(model, spec, cfg, calib, verbose, done)
+    awq_quantize(model, spec, cfg, calib, verbose, done, routed)
     return spec

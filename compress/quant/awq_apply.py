@@ -6,6 +6,7 @@ The searches (``awq.py``) return numbers; this file is where the model changes.
 import functools
 import threading
 from collections.abc import Callable, Iterable
+from contextlib import nullcontext
 
 import torch
 from torch import nn
@@ -17,6 +18,7 @@ from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.awq import GridSearch, ScaleResult, group_hessians, search_scale, side_by_side
 from compress.quant.config import QuantConfig
 from compress.quant.gptq import gptq_codes, prepare
+from compress.quant.moe_calib import RoutedTokens, all_experts
 from compress.quant.primitives import IntSpec, qparams
 from compress.quant.swap import quantize_block
 
@@ -66,11 +68,17 @@ def search_group(block, group: ScaleGroup, feats: dict, spec: IntSpec, cfg: Quan
     reduce, expand = head_mapping(block, group, head_dim)
     module = block.get_submodule(group.module)
     prefix = group.module + "." if group.module != group.linears[0] else ""
-    weights = {name.removeprefix(prefix) + ".weight" if prefix else "weight": block.get_submodule(name).weight for name in group.linears}
+    weights = {name.removeprefix(prefix) + ".weight" if prefix else "weight": block.get_submodule(name).weight
+               for name in quantized(block, group)}  # a router in the group keeps its weights: W s / s = W
     f = feats[group.module]
     x = f["sequences"] if group.module == "self_attn" else f["tokens"]
     grid = cfg.grid if group.prev else 1  # nothing to fold a scale into: the one candidate alpha = 0, plain rounding
     return search_scale(module, weights, x, reduce(f["mean_abs"]), expand, spec, grid), expand
+
+
+def quantized(block: nn.Module, group: ScaleGroup) -> list[str]:
+    """The group's Linears that are quantized: all but a MoE layer's routers, which take the scale unrounded."""
+    return [name for name in group.linears if name in block.linears]
 
 
 def block_device(block: nn.Module) -> torch.device:
@@ -128,22 +136,25 @@ def gptq_one(w: torch.Tensor, gram: torch.Tensor, search: GridSearch | None, pre
     return (scale, zero), gptq_codes(w, gram, scale, zero, spec, prep.result)
 
 
-def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int) -> list[ScaleResult]:
-    """Search, fold and quantize one block in place; returns each group's search result."""
-    feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed, gram=cfg.gptq)
+def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int,
+              calibrate=nullcontext) -> list[ScaleResult]:
+    """Search, fold and quantize one block in place; returns each group's search result. The inputs are recorded
+    within ``calibrate()`` (moe_calib.all_experts)."""
+    with calibrate():
+        feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed, gram=cfg.gptq)
     found = [search_group(block, g, feats, spec, cfg, head_dim) for g in groups]
     hessians = {}  # per searched Linear: its group's input second moments [G, g, g], shared by the group
     grams = {}  # GPTQ: per Linear, E[x x^T] of its scaled input over every calibration token [I, I]
     for g, (res, expand) in zip(groups, found):
         if g.prev:  # else the scales are ones
             fold_scales(block, g, res.scales, expand)
-        searched = [name for name in g.linears if name not in NO_CLIP] if cfg.clip_search else []
+        searched = [name for name in quantized(block, g) if name not in NO_CLIP] if cfg.clip_search else []
         if searched:
             h = group_hessians(feats[g.module]["tokens"] / expand(res.scales).to(x.dtype), spec.group_size)
             hessians |= dict.fromkeys(searched, h)
         if cfg.gptq:
             inv = 1 / expand(res.scales).float()  # [I]: the fold divided the inputs by the scales
-            grams |= dict.fromkeys(g.linears, feats[g.module]["gram"] * inv[:, None] * inv[None, :])
+            grams |= dict.fromkeys(quantized(block, g), feats[g.module]["gram"] * inv[:, None] * inv[None, :])
     # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
     params, codes = grids_and_codes(block, hessians, grams, spec, cfg.grid)
     quantize_block(block, spec, params, codes)
@@ -151,17 +162,18 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
 
 
 def awq_quantize(model: Decoder, spec: IntSpec, cfg: QuantConfig, calib: torch.Tensor, verbose: bool = False,
-                 done: BlockDone | None = None) -> None:
+                 done: BlockDone | None = None, routed: RoutedTokens | None = None) -> None:
     """Quantize ``model`` in place, feeding each quantized block's outputs to the next; ``done(i, block)``
-    after each block (a lazy model's block is released after it)."""
+    after each block (a lazy model's block is released after it); ``routed`` counts the experts' tokens."""
     device = compute_device()
     x = block_inputs(model, calib, device)  # [N, T, C]
     positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]: same positions for every row
-    groups = model.cfg.arch.scale_groups
     bar = tqdm(blocks(model, device, done), total=model.cfg.num_layers, desc=f"AWQ int{spec.bits}", unit="block")
     for i, block in bar:
         model.prepare(positions, x.dtype)
-        results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i)
+        groups = model.cfg.layer_groups(i)
+        calibrate = functools.partial(all_experts, block, f"model.layers.{i}.", routed)
+        results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i, calibrate)
         x = run_block(block, x)
         gain = sum(r.loss for r in results) / max(sum(r.loss_unscaled for r in results), 1e-30)
         bar.set_postfix(loss_vs_rtn=f"{gain:.2f}")

@@ -37,7 +37,7 @@ def fp8_args(strategy: str, dynamic: bool) -> dict:
             "dynamic": dynamic, "actorder": None, "observer": None if dynamic else "minmax", "observer_kwargs": {}}
 
 
-def compressed_tensors_config(fmt: str, weights: dict, inputs: dict | None) -> dict:
+def compressed_tensors_config(fmt: str, weights: dict, inputs: dict | None, ignore: list[str]) -> dict:
     return {
         "quant_method": "compressed-tensors",
         "format": fmt,
@@ -46,13 +46,13 @@ def compressed_tensors_config(fmt: str, weights: dict, inputs: dict | None) -> d
             "group_0": {"targets": ["Linear"], "weights": weights, "input_activations": inputs,
                         "output_activations": None, "format": fmt}
         },
-        "ignore": ["lm_head"],
+        "ignore": ignore,
         "kv_cache_scheme": None,
         "sparsity_config": {},
     }
 
 
-def int8_config(spec: Int8Spec, arch: Arch) -> dict:
+def int8_config(spec: Int8Spec, arch: Arch, ignore: list[str]) -> dict:
     return {
         "quant_method": INT8_METHOD,
         "version": 1,
@@ -60,7 +60,7 @@ def int8_config(spec: Int8Spec, arch: Arch) -> dict:
         "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
         "outliers": {"threshold": spec.outlier_threshold, "topk": spec.outlier_topk, "dtype": "float16"},
         "smoothing": {"alpha": spec.smooth_alpha, "folded_into": ", ".join(smoothed_norms(arch))},
-        "ignore": ["lm_head"],
+        "ignore": ignore,
     }
 
 
@@ -69,13 +69,22 @@ def smoothed_norms(arch: Arch) -> list[str]:
     return [g.prev for g in arch.scale_groups if g.prev in arch.norms.names()]
 
 
-def quantization_config(spec: Spec, arch: Arch) -> dict:
+def unquantized(cfg: ModelConfig) -> list[str]:
+    """The Linears quantization leaves as they are: lm_head, and each MoE layer's router (and shared-expert gate), by
+    full name as llm-compressor writes them: a router is in a scale group (it takes the folded scale) but not a Linear
+    of the layer."""
+    return ["lm_head"] + [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)
+                          for name in dict.fromkeys(n for g in cfg.layer_groups(i) for n in g.linears) if name not in cfg.layer_linears(i)]
+
+
+def quantization_config(spec: Spec, cfg: ModelConfig) -> dict:
+    ignore = unquantized(cfg)
     if isinstance(spec, Int8Spec):
-        return int8_config(spec, arch)
+        return int8_config(spec, cfg.arch, ignore)
     if isinstance(spec, Fp8Spec):
         inputs = fp8_args("tensor", False) if spec.static_activations else fp8_args("token", True)
-        return compressed_tensors_config(FLOAT, fp8_args("channel", False), inputs)
-    return compressed_tensors_config(PACKED, int_args(spec), None)
+        return compressed_tensors_config(FLOAT, fp8_args("channel", False), inputs, ignore)
+    return compressed_tensors_config(PACKED, int_args(spec), None, ignore)
 
 
 def spec_from_config(qc: dict) -> Spec:
@@ -132,7 +141,7 @@ class QuantizedWriter:
         if self.fmt == "awq":
             return {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": self.spec.group_size,
                     "zero_point": True, "modules_to_not_convert": None}
-        return quantization_config(self.spec, self.model.cfg.arch)
+        return quantization_config(self.spec, self.model.cfg)
 
 
 def write_quantized(model: Decoder, spec: Spec, out_dir: Path, source_dir: Path | None, fmt: str = "compressed-tensors",

@@ -12,57 +12,64 @@ from torch import nn
 from tqdm import tqdm
 
 from compress.calib import BlockDone, block_inputs, blocks, compute_device, record_absmax, run_block
+from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.awq_apply import fold_scales
 from compress.quant.fp8 import Fp8Spec, input_scale
 from compress.quant.int8 import Int8Spec, outlier_dims
 from compress.quant.linear import Fp8Linear, Int8OutlierLinear
+from compress.quant.moe_calib import RoutedTokens, all_experts
 from compress.quant.smooth import smooth_scales
 from compress.quant.swap import each_block, swap_linears
 
 MakeLinear = Callable[[str, nn.Linear, torch.Tensor], nn.Module]  # (name, linear, max |x| [I]) -> module
-Transform = Callable[[nn.Module, dict[str, torch.Tensor]], None]  # (block, max |x| by name): changes both in place
+Transform = Callable[[nn.Module, dict[str, torch.Tensor], tuple[ScaleGroup, ...]], None]  # (block, max |x| by name, its
+# scale groups): changes the block and the statistics in place
 
 
 def calibrated_swap(model: Decoder, calib: torch.Tensor, make: MakeLinear, desc: str, transform: Transform | None = None,
-                    done: BlockDone | None = None) -> dict[str, torch.Tensor]:
+                    done: BlockDone | None = None, routed: RoutedTokens | None = None) -> dict[str, torch.Tensor]:
     """Swap every decoder Linear for ``make(name, linear, absmax)`` (after ``transform`` of the
-    block and its statistics); returns the statistics the swap used, by full name."""
+    block and its statistics); returns the statistics the swap used, by full name. Every expert is
+    calibrated on every token (moe_calib.py); ``routed`` counts the tokens the routers chose."""
     device = compute_device()
     x = block_inputs(model, calib, device)  # [N, T, C]
     positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]
     stats = {}
     for i, block in tqdm(blocks(model, device, done), total=model.cfg.num_layers, desc=desc, unit="block"):
         model.prepare(positions, x.dtype)
-        absmax = record_absmax(block, x, list(block.linears))
+        with all_experts(block, f"model.layers.{i}.", routed):
+            absmax = record_absmax(block, x, list(block.linears))
         if transform is not None:
-            transform(block, absmax)
+            transform(block, absmax, model.cfg.layer_groups(i))
         swap_linears(block, lambda name, lin: make(name, lin, absmax[name]))
         x = run_block(block, x)
         stats.update({f"model.layers.{i}.{name}": a.cpu() for name, a in absmax.items()})
     return stats
 
 
-def smooth_block(model: Decoder, alpha: float) -> Transform:
+def smooth_block(alpha: float) -> Transform:
     """SmoothQuant on the Linears fed by an RMSNorm (q,k,v and gate,up; Phi-3's fused qkv and gate_up): the scales
     fold into the norm's weight exactly (of either form, x * w or x * (1 + w)), and the statistics become those of
-    the smoothed inputs. Groups with no norm before them (OLMo 2's) are left as they are."""
+    the smoothed inputs. Groups with no norm before them (OLMo 2's) are left as they are; a MoE layer's routers take the
+    scale too (routing unchanged), and have no statistics (they stay unquantized)."""
 
     @torch.no_grad()
-    def transform(block: nn.Module, absmax: dict[str, torch.Tensor]) -> None:
-        for g in model.cfg.arch.scale_groups:
+    def transform(block: nn.Module, absmax: dict[str, torch.Tensor], groups: tuple[ScaleGroup, ...]) -> None:
+        for g in groups:
             if g.prev is None or not isinstance(block.get_submodule(g.prev), RMSNorm):
                 continue  # a Linear-fed group: its scale would move error into the previous int8 Linear
             w_absmax = torch.stack([block.get_submodule(n).weight.abs().amax(0).float() for n in g.linears]).amax(0)  # [C]
             s = smooth_scales(absmax[g.linears[0]], w_absmax, alpha)  # [C]
             fold_scales(block, g, s, lambda v: v)
-            for n in g.linears:
+            for n in absmax.keys() & set(g.linears):
                 absmax[n] = absmax[n] / s
 
     return transform
 
 
-def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None, done: BlockDone | None = None) -> dict[str, torch.Tensor]:
+def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None, done: BlockDone | None = None,
+                  routed: RoutedTokens | None = None) -> dict[str, torch.Tensor]:
     """Int8OutlierLinear everywhere; ``calib`` may be None only for top-0 (no split) without smoothing."""
     if calib is None:
         def swap(block: nn.Module) -> None:
@@ -70,15 +77,16 @@ def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None, do
 
         each_block(model, swap, "int8", done)
         return {}
-    smooth = smooth_block(model, spec.smooth_alpha) if spec.smooth_alpha > 0 else None
+    smooth = smooth_block(spec.smooth_alpha) if spec.smooth_alpha > 0 else None
 
     def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Int8OutlierLinear:
         return Int8OutlierLinear.from_float(lin, outlier_dims(absmax, spec))
 
-    return calibrated_swap(model, calib, make, "int8 outliers", smooth, done)
+    return calibrated_swap(model, calib, make, "int8 outliers", smooth, done, routed)
 
 
-def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None, done: BlockDone | None = None) -> dict[str, torch.Tensor]:
+def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None, done: BlockDone | None = None,
+                 routed: RoutedTokens | None = None) -> dict[str, torch.Tensor]:
     """Fp8Linear everywhere; with static activations the input scales come from ``calib``."""
     if not spec.static_activations:
         each_block(model, lambda block: swap_linears(block, lambda _, lin: Fp8Linear.from_float(lin)), "fp8", done)
@@ -87,4 +95,4 @@ def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None, done
     def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Fp8Linear:
         return Fp8Linear.from_float(lin, input_scale(absmax, lin.weight.dtype))
 
-    return calibrated_swap(model, calib, make, "fp8 input scales", done=done)
+    return calibrated_swap(model, calib, make, "fp8 input scales", done=done, routed=routed)

@@ -88,7 +88,7 @@ def test_smoothing_folds_exactly_and_rescales_the_statistics(tmp_path):
     with torch.no_grad():
         before = block(x)
     absmax = record_absmax(block, x, list(LAYER_LINEARS))
-    smooth_block(model, 0.5)(block, absmax)
+    smooth_block(0.5)(block, absmax, model.cfg.layer_groups(0))
     with torch.no_grad():
         assert torch.allclose(block(x), before, atol=1e-5, rtol=1e-5)
     seen = record_absmax(block, x, list(LAYER_LINEARS))
