@@ -9,7 +9,8 @@ plus SmolLM2's tokenizer files (every shape uses its 49152-token vocabulary). Te
 into shards by size first, then generated one at a time from a seeded generator; only the
 current shard's tensors are held, and they are dropped once saved. The tensor names and sizes are
 those of our decoder built (on the meta device) from the shape's config.json, so every family's own
-layout (q/k norms, Gemma's four norms, Phi-3's fused projections) is written. Linears and embeddings
+layout (q/k norms, Gemma's four norms, Phi-3's fused projections, a mixture of experts' router and per-expert
+Linears as the hub stores them) is written. Linears and embeddings
 are normal * 0.02, norms the identity (ones; zeros for Gemma's (1 + w) form). The directory is built in a hidden sibling and renamed into place;
 an existing complete checkpoint with the same config.json is reused.
 """
@@ -57,6 +58,14 @@ SHAPES = {
     "gemma2-9b": Shape(3584, 14336, 42, 16, 8, head_dim=256, max_position_embeddings=8192, vocab=256000, tie_word_embeddings=True,
                        model_type="gemma2", extra={"query_pre_attn_scalar": 256, "sliding_window": 4096, "hidden_activation": "gelu_pytorch_tanh",
                                                    "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "rms_norm_eps": 1e-6}),
+    # Qwen3-30B-A3B's first 8 of 48 layers (~11 GB bf16): 128 experts of width 768, 8 per token, every layer sparse
+    "qwen3-30b-a3b-8l": Shape(2048, 6144, 8, 32, 4, head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960, vocab=151936,
+                              model_type="qwen3_moe", extra={"num_experts": 128, "num_experts_per_tok": 8, "moe_intermediate_size": 768,
+                                                             "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": [],
+                                                             "rms_norm_eps": 1e-6}),
+    # the dense Qwen3 that reads as many weights per token: its MLP as wide as the 8 active experts (8 x 768)
+    "qwen3-dense-a3b-8l": Shape(2048, 6144, 8, 32, 4, head_dim=128, rope_theta=1000000.0, max_position_embeddings=40960, vocab=151936,
+                                model_type="qwen3", extra={"rms_norm_eps": 1e-6}),
 }
 
 

@@ -100,6 +100,22 @@ def test_llama3_8b_shape():
     assert all(sum(2 * torch.Size(s).numel() for _, s in shard) <= rc.SHARD_BYTES for shard in plan)
 
 
+def test_qwen3_moe_shape_and_its_dense_twin_read_the_same_weights_per_token():
+    from compress.model.config import ModelConfig
+    from compress.roofline import formats, param_counts
+
+    moe, dense = (ModelConfig.from_hf(rc.hf_config(rc.SHAPES[name], torch.bfloat16)) for name in ("qwen3-30b-a3b-8l", "qwen3-dense-a3b-8l"))
+    specs = dict(rc.tensor_specs(rc.SHAPES["qwen3-30b-a3b-8l"]))
+    assert specs["model.layers.7.mlp.gate.weight"] == (128, 2048)  # the router
+    assert specs["model.layers.7.mlp.experts.127.down_proj.weight"] == (2048, 768)
+    assert moe.moe.layers == tuple(range(8)) and moe.moe.top_k == 8 and moe.moe.renormalize
+    params = sum(torch.Size(s).numel() for s in specs.values())
+    assert 5.5e9 < params < 5.7e9  # ~11 GB bf16
+    n_moe, n_dense = param_counts(moe), param_counts(dense)
+    assert n_moe["active"] - n_moe["mlp"] == n_dense["total"]  # the same, but for the routers
+    assert formats(moe)[3].group_size == formats(dense)[3].group_size == 128
+
+
 TIME_V = """\
 Command exited with non-zero status 1
 \tCommand being timed: "python -m compress.cli quantize src --method rtn"
