@@ -15,7 +15,7 @@ FAMILIES = {
                     "final_logit_softcapping": 0.5, "layer_types": ["sliding_attention", "full_attention"],
                     "rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
                                         "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}},
-    "phi3": {"sliding_window": 6, "max_position_embeddings": 64,
+    "phi3": {"sliding_window": 6, "max_position_embeddings": 64, "original_max_position_embeddings": 16,  # wins over rope_parameters'
              "rope_parameters": {"rope_type": "longrope", "rope_theta": 10000.0, "partial_rotary_factor": 0.5,
                                  "original_max_position_embeddings": 16, "short_factor": [1.0, 1.2, 1.5, 2.0],
                                  "long_factor": [1.5, 2.5, 4.0, 8.0]}},

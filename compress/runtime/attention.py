@@ -58,7 +58,7 @@ class Prefill:
 @dataclass
 class AttentionMetadata:
     positions: torch.Tensor  # [N] long: position of every new token in its sequence
-    lengths: torch.Tensor  # [N] long: the length of every new token's sequence after this step (longrope's choice)
+    lengths: torch.Tensor  # [N] long: the length of every new token's sequence (longrope's choice), see build
     slots: torch.Tensor  # [N] long: cache slot (block * block_size + offset) of every new token
     decode_rows: torch.Tensor  # [Sd] long: rows attended as decodes (see DECODE_ROWS)
     decode_tables: torch.Tensor  # [Sd, MB] int32 block table of each row's sequence
@@ -66,11 +66,15 @@ class AttentionMetadata:
     prefills: list[Prefill]
 
     @classmethod
-    def build(cls, starts: list[int], lens: list[int], tables: list[list[int]], block_size: int, device) -> "AttentionMetadata":
-        """starts[i]: tokens of sequence i already cached; lens[i]: its new tokens; tables[i]: its blocks."""
+    def build(cls, starts: list[int], lens: list[int], tables: list[list[int]], block_size: int, device,
+              known: list[int] | None = None) -> "AttentionMetadata":
+        """starts[i]: tokens of sequence i already cached; lens[i]: its new tokens; tables[i]: its blocks; known[i]: its
+        tokens known at this step (default starts[i] + lens[i]), the length longrope chooses its factors by: every chunk
+        of a prompt takes the whole prompt's, as one forward over the prompt does, whatever the token budget."""
         width = max(len(t) for t in tables)
         table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int32)  # [S, MB]
         lens_t, starts_t = torch.tensor(lens), torch.tensor(starts)
+        lengths = torch.maximum(starts_t + lens_t, torch.tensor(known or [0] * len(lens)))  # [S]
         seq_of_row = torch.repeat_interleave(torch.arange(len(lens)), lens_t)  # [N]
         first_row = torch.cumsum(lens_t, 0) - lens_t  # [S]
         positions = starts_t[seq_of_row] + torch.arange(seq_of_row.numel()) - first_row[seq_of_row]  # [N]
@@ -83,7 +87,7 @@ class AttentionMetadata:
             for i, n in enumerate(lens) if n > DECODE_ROWS
         ]
         return cls(
-            positions.to(device), (starts_t + lens_t)[seq_of_row].to(device), slots.to(device), decode.to(device), table[seq_of_row[decode], :decode_width].to(device),
+            positions.to(device), lengths[seq_of_row].to(device), slots.to(device), decode.to(device), table[seq_of_row[decode], :decode_width].to(device),
             decode_lens.to(device), [Prefill(p.start, p.end, p.context, p.blocks.to(device)) for p in prefills],
         )
 

@@ -68,7 +68,8 @@ class ModelRunner:
         self._copy_blocks(batch.copies)
         starts = [s.num_computed for s in batch.seqs]
         ids = [t for s, c, n in zip(batch.seqs, starts, batch.num_new_tokens) for t in s.token_ids[c:c + n]]
-        meta = AttentionMetadata.build(starts, batch.num_new_tokens, [s.block_table for s in batch.seqs], self.block_size, self.device)
+        meta = AttentionMetadata.build(starts, batch.num_new_tokens, [s.block_table for s in batch.seqs], self.block_size, self.device,
+                                       [s.num_tokens for s in batch.seqs])
         ends = list(accumulate(batch.num_new_tokens))
         last_rows = [row for i, end in enumerate(ends) for row in range(end - batch.num_sample_rows(i), end)]
         prompt_rows = [ends[i] - batch.num_new_tokens[i] + (p - starts[i])

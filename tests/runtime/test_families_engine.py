@@ -2,10 +2,11 @@
 prefix sharing, chunked prefill and a batch of several sequences in play.
 
 Prompts are longer than the families' sliding window (6) and, for Qwen 3 (yarn) and Phi-3 (longrope), longer than the
-original context (16). Phi-3's longrope picks short or long factors by sequence length; transformers' generate
-recomputes the whole cache when a sequence crosses original_max_position_embeddings, while our engine (like vLLM)
-keeps the keys cached with the factors of their step (a chunk's factors follow the sequence's length after that chunk).
-Past the original context from the first step both agree, so the prompts and the first chunk are longer than 16.
+original context (16). Phi-3's longrope picks short or long factors by sequence length: every chunk of a prompt takes
+the whole prompt's (as transformers' one forward over it), and decode steps their sequence's length. transformers'
+generate recomputes the whole cache when a sequence crosses original_max_position_embeddings during decoding; our
+engine (like vLLM) keeps the keys cached with the factors of their step, so the two agree only for prompts already
+past the original context: the prompts here are. The 12-token budget puts the first chunk within the original context.
 The server test sends one request per new family: the prompt's logprobs (echo) and the greedy text."""
 
 import openai
@@ -27,9 +28,9 @@ def test_family_greedy_equals_transformers(tmp_path, smollm2_dir, kind):
     model_dir = save_hf(hf, tmp_path / kind, smollm2_dir)
     prefix, a, b, c = random_prompts([20, 5, 9, 30], 256, seed=11)
     prompts = [prefix + a, prefix + b, c]  # two share 20 prefix tokens (one full block of 16)
-    llm = make_llm(model_dir, max_num_batched_tokens=24)  # the 30- and 29-token prompts are prefilled in chunks
+    llm = make_llm(model_dir, max_num_batched_tokens=12)  # every prompt is prefilled in chunks
     first = llm.add_request(prompts[0], PARAMS)
-    llm.step()  # the first prompt's chunk registers the shared block before the others arrive
+    llm.step(), llm.step()  # the first prompt's chunks register the shared block before the others arrive
     rest = [llm.add_request(p, PARAMS) for p in prompts[1:]]
     done = {}
     while llm.has_unfinished():
@@ -37,6 +38,23 @@ def test_family_greedy_equals_transformers(tmp_path, smollm2_dir, kind):
     assert [done[i] for i in [first, *rest]] == [hf_greedy(hf, p, PARAMS.max_tokens) for p in prompts]
     assert llm.blocks.num_prefix_hits >= 1
     assert llm.blocks.num_free == llm.blocks.num_blocks
+
+
+@pytest.mark.parametrize("kind", FAMILIES)
+def test_family_logprobs_equal_transformers_across_chunked_prefill(tmp_path, smollm2_dir, kind):
+    hf = tiny_hf(kind, features=True)
+    llm = make_llm(save_hf(hf, tmp_path / kind, smollm2_dir), max_num_batched_tokens=12)
+    params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=1)
+    seqs = [llm.make_sequence(p, params) for p in random_prompts([25, 30], 256, seed=13)]
+    for seq in seqs:
+        llm.enqueue(seq)
+    while llm.has_unfinished():
+        llm.step()
+    for seq in seqs:
+        with torch.no_grad():
+            ref = hf(torch.tensor([seq.token_ids])).logits[0].log_softmax(-1)  # [T, V]
+        got = [e.logprob for e in seq.prompt_logprobs[1:]] + [e.logprob for e in seq.logprobs]
+        assert got == pytest.approx([ref[p - 1, seq.token_ids[p]].item() for p in range(1, len(seq.token_ids))], abs=1e-4)
 
 
 @pytest.mark.parametrize("kind", NEW)
