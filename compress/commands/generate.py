@@ -3,6 +3,7 @@
 import sys
 
 from compress.errors import UserError
+from compress.models import load_tokenizer, resolve
 from compress.runtime.engine import LLM
 from compress.runtime.sequence import SamplingParams
 
@@ -15,12 +16,19 @@ def chat_prompt(tokenizer, prompt: str) -> list[int]:
 
 
 def run_generate(model: str, prompt: str, params: dict, chat: bool, engine: dict) -> None:
-    """Stream the completion of prompt to stdout (engine messages go to stderr); engine: LLM keyword arguments."""
+    """Stream the completion of prompt to stdout (engine messages go to stderr); engine: LLM keyword arguments.
+    One request of known length: unless the user sets it, the KV pool holds that request's tokens, not a share
+    of free memory (Qwen3-8B's default pool was 1.4 GiB for a 20-token answer)."""
     sampling = SamplingParams(**params)  # bad options fail before the model loads
     if not prompt:
         raise UserError("the prompt is empty")
-    llm = LLM(model, max_num_seqs=1, **engine)
-    request = chat_prompt(llm.tokenizer, prompt) if chat else prompt
+    model_dir = resolve(model)
+    tokenizer = load_tokenizer(model_dir)
+    request = chat_prompt(tokenizer, prompt) if chat else tokenizer.encode(prompt)
+    if engine.get("max_model_len") is None and engine.get("kv_cache_memory") is None:
+        lookahead = (engine.get("num_speculative_tokens") or 0) + 1  # a verification's draft tokens
+        engine = {**engine, "max_model_len": len(request) + sampling.max_tokens + lookahead}
+    llm = LLM(model_dir, max_num_seqs=1, **engine)
     for delta in llm.stream(request, sampling):
         sys.stdout.write(delta)
         sys.stdout.flush()
