@@ -172,8 +172,9 @@ DRAFT = click.option("--draft", default=None, help="speculative decoding: a smal
                                                   "tokens, or 'ngram' (prompt lookup, no model)")
 NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, default=4, show_default=True,
                                       help="draft tokens verified per step (with --draft)")
-CPU_LM_HEAD = click.option("--cpu-lm-head", type=click.Choice(["stored", "int8"]), default="stored", show_default=True,
-                           help="CPU: int8 holds the lm_head as int8 per row, a quarter of fp32's bytes (docs/runtime.md)")
+CPU_LM_HEAD = click.option("--cpu-lm-head", type=click.Choice(["auto", "stored", "int8"]), default="auto", show_default=True,
+                           help="CPU: int8 holds the lm_head as int8 per row, a quarter of fp32's bytes; auto: int8 where an "
+                                "untied fp32 lm_head would take over 10%% of the free memory (docs/runtime.md)")
 CPU_INT8_ACTIVATIONS = click.option("--cpu-int8-activations", is_flag=True,
                                     help="CPU: int4 Linears round their inputs to int8 per 32 and use integer dot products")
 DRAFT_VOCAB = click.option("--draft-vocab", type=int, default=None,

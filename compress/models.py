@@ -96,9 +96,9 @@ def open_model(model_dir: Path):
     return load.open_decoder(model_dir)
 
 
-def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):
-    """The whole model in memory on ``device`` as ``dtype``, read tensor by tensor; refused in one line
-    before anything is read when it cannot fit."""
+def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu", stored: tuple[str, ...] = ()):
+    """The whole model in memory on ``device`` as ``dtype`` (the parts named in ``stored`` as stored), read tensor by
+    tensor; refused in one line before anything is read when it cannot fit."""
     from compress.model import memory
     from compress.model.lazy import materialize_all
 
@@ -107,7 +107,7 @@ def load_model(model_dir: Path, dtype: torch.dtype = torch.float32, device: str 
     need = int(memory.model_bytes(model, dtype) * LOAD_OVERHEAD)
     memory.require(need, device, f"loading {model_dir} as {load.dtype_name(dtype)}",
                    "quantize it first (compress quantize MODEL --method rtn), or run it where bf16 is kept (a GPU)")
-    return materialize_all(model, dtype, device)
+    return materialize_all(model, dtype, device, stored)
 
 
 def checkpoint_dtype(model_dir: Path) -> torch.dtype:

@@ -97,9 +97,10 @@ def part_dtype(model: Decoder, name: str, dtype: torch.dtype) -> torch.dtype | N
     return None if stored.is_floating_point and stored.itemsize < dtype.itemsize else dtype
 
 
-def materialize_all(model: Decoder, dtype: torch.dtype, device: torch.device | str = "cpu") -> Decoder:
-    """The whole model in memory (``part_dtype``): it never holds more than itself plus one tensor being read."""
+def materialize_all(model: Decoder, dtype: torch.dtype, device: torch.device | str = "cpu", stored: tuple[str, ...] = ()) -> Decoder:
+    """The whole model in memory (``part_dtype``; the parts named in ``stored`` as stored: an lm_head the runtime
+    turns into int8 rows is never widened whole): it never holds more than itself plus one tensor being read."""
     for name in top_parts(model):
         if is_lazy(model.get_submodule(name)):
-            materialize(model, name, part_dtype(model, name, dtype), device)
+            materialize(model, name, None if name in stored else part_dtype(model, name, dtype), device)
     return model.eval()

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, replace
 
+import psutil
 import torch
 
 from compress.errors import UserError
@@ -9,7 +10,10 @@ from compress.model.load import dtype_name
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 AUTO = "auto"  # the checkpoint's dtype on CUDA; float32 on CPU, where the C kernels are fp32
-LM_HEADS = ("stored", "int8")  # CPU: the lm_head as the checkpoint stores it, or int8 per row (docs/runtime.md)
+LM_HEADS = (AUTO, "stored", "int8")  # CPU: the lm_head as the checkpoint stores it, or int8 per row (docs/runtime.md)
+# "auto": int8 for an untied lm_head whose fp32 copy would take more than this share of the available memory
+# (Qwen3's and Gemma's large vocabularies on a laptop), else as stored. A tied one is the embedding's table: kept.
+LM_HEAD_SHARE = 0.1
 
 
 @dataclass
@@ -25,7 +29,7 @@ class EngineConfig:
     device: str = "cuda" if torch.cuda.is_available() else "cpu"
     num_speculative_tokens: int = 4  # draft tokens per step when the engine has a draft model
     draft_vocab: int | None = None  # the draft proposes only token ids below this (None: all)
-    cpu_lm_head: str = "stored"  # CPU: "int8" holds the lm_head as int8 per row (a quarter of fp32's bytes)
+    cpu_lm_head: str = AUTO  # CPU: "int8" holds the lm_head as int8 per row (a quarter of fp32's bytes); see LM_HEAD_SHARE
     cpu_int8_activations: bool = False  # CPU: int4 Linears round their inputs to int8 (integer dot products)
 
     def __post_init__(self):
@@ -44,17 +48,22 @@ class EngineConfig:
             raise UserError(f"dtype must be one of {AUTO}, {', '.join(DTYPES)}, got {self.dtype}")
         if self.cpu_lm_head not in LM_HEADS:
             raise UserError(f"cpu_lm_head must be one of {', '.join(LM_HEADS)}, got {self.cpu_lm_head}")
-        if not self.device.startswith("cpu") and (self.cpu_lm_head != "stored" or self.cpu_int8_activations):
+        if not self.device.startswith("cpu") and (self.cpu_lm_head == "int8" or self.cpu_int8_activations):
             raise UserError("--cpu-lm-head and --cpu-int8-activations apply to the CPU runtime; leave them out on a GPU")
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"device {self.device} requested but CUDA is not available")
 
-    def resolved(self, stored: torch.dtype) -> "EngineConfig":
-        """This config with dtype "auto" made concrete for a checkpoint stored as ``stored``."""
-        if self.dtype != AUTO:
-            return self
-        name = dtype_name(stored)
-        return replace(self, dtype=name if self.device.startswith("cuda") and name in DTYPES else "float32")
+    def resolved(self, stored: torch.dtype, lm_head_numel: int = 0, tied: bool = True) -> "EngineConfig":
+        """This config with dtype and cpu_lm_head "auto" made concrete for a checkpoint stored as ``stored`` whose
+        lm_head has ``lm_head_numel`` weights (``tied``: it is the embedding's table)."""
+        out = self
+        if self.dtype == AUTO:
+            name = dtype_name(stored)
+            out = replace(out, dtype=name if self.device.startswith("cuda") and name in DTYPES else "float32")
+        if self.cpu_lm_head == AUTO:
+            big = not tied and self.device.startswith("cpu") and lm_head_numel * 4 > LM_HEAD_SHARE * psutil.virtual_memory().available
+            out = replace(out, cpu_lm_head="int8" if big else "stored")
+        return out
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -7,6 +7,9 @@ from pathlib import Path
 import torch
 
 from compress.errors import UserError
+from compress.kernels import int8_rows_cpu
+from compress.model.config import ModelConfig
+from compress.model.load import read_config
 from compress.models import check_tokenizer, checkpoint_dtype, load_model, load_tokenizer, resolve
 from compress.runtime.block_manager import BlockManager
 from compress.runtime.config import EngineConfig
@@ -49,9 +52,12 @@ class LLM:
                 check_tokenizer(draft)
             except UserError as e:
                 raise UserError(f"draft: {e}") from None
-        self.config = self.config.resolved(checkpoint_dtype(model_dir))
+        cfg = ModelConfig.from_hf(read_config(model_dir))
+        self.config = self.config.resolved(checkpoint_dtype(model_dir), cfg.vocab_size * cfg.hidden_size, cfg.tie_word_embeddings)
         self.tokenizer = load_tokenizer(model_dir)
-        decoder = load_model(model_dir, self.config.torch_dtype, self.config.device)
+        # read as stored and made int8 row by row (never widened whole), where the int8 kernel builds
+        int8_head = ("lm_head",) if self.config.cpu_lm_head == "int8" and int8_rows_cpu.load() is not None else ()
+        decoder = load_model(model_dir, self.config.torch_dtype, self.config.device, int8_head)
         self.vocab_size, context = decoder.cfg.vocab_size, decoder.cfg.max_position_embeddings
         self.max_model_len = min(self.config.max_model_len or context, context)
         self.eos_token_ids = eos_ids(decoder.cfg.eos_token_id, self.tokenizer)
