@@ -50,7 +50,9 @@ def join_projections(model: nn.Module) -> int:
     """Join each block's q/k/v and gate/up (each expert's, in a MoE layer) where they are joinable, in place;
     the number of joins made."""
     count = 0
-    for owner in [m for block in model.model.layers for m in block.modules()]:
+    # One block's modules listed at a time: a list of every block's would keep every replaced part alive to the
+    # end (Qwen3-8B int4: +2.4 GiB at the peak).
+    for owner in (m for block in model.model.layers for m in list(block.modules())):
         for attr, names_of, stored in JOINS:
             if not hasattr(owner, attr):
                 continue
