@@ -156,9 +156,9 @@ def checkpoint(ctx: Ctx, save) -> dict:
     """random_checkpoint's writer, its normal * 0.02 drawn on ctx.device: on one CPU core 8B draws take a minute."""
     from compress.bench import random_checkpoint as rc
 
-    def draw(name: str, size: tuple, dtype, seed: int):
+    def draw(name: str, size: tuple, dtype, seed: int, norm_offset: float = 0.0):
         if name.endswith("norm.weight"):
-            return torch.ones(size, dtype=dtype)
+            return torch.full(size, 1.0 - norm_offset, dtype=dtype)
         gen = torch.Generator(ctx.device).manual_seed(seed)
         return torch.randn(size, generator=gen, dtype=dtype, device=ctx.device).mul_(0.02).cpu()
 

@@ -66,7 +66,7 @@ def test_int8_activations_leave_linears_the_kernel_cannot_run(tmp_path, smollm2_
 
 def test_engine_config_checks_the_cpu_options():
     assert EngineConfig(device="cpu", cpu_lm_head="int8", cpu_int8_activations=True).cpu_lm_head == "int8"
-    with pytest.raises(UserError, match="cpu_lm_head must be one of stored, int8"):
+    with pytest.raises(UserError, match="cpu_lm_head must be one of auto, stored, int8"):
         EngineConfig(device="cpu", cpu_lm_head="int4")
     with pytest.raises(UserError, match="apply to the CPU runtime"):
         EngineConfig(device="cuda", cpu_int8_activations=True)
