@@ -9,6 +9,7 @@ import torch
 
 from compress import models, outdir
 from compress.errors import UserError
+from compress.malloc import QUANTIZE_THRESHOLD, return_freed_memory
 from compress.manifest import write_manifest
 from compress.model import load
 from compress.quant.apply import Spec, method_spec, quantize
@@ -59,6 +60,7 @@ def check_memory(decoder, cfg: QuantConfig, model: str) -> None:
 
 
 def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False, verbose: bool = False) -> Path:
+    return_freed_memory(QUANTIZE_THRESHOLD)  # freed blocks leave RSS (compress/malloc.py)
     outdir.check_target(output, force)  # fail before the slow part (an empty or unwritable -o too)
     src = models.resolve(model)
     if models.is_quantized(src):
