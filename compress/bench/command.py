@@ -193,7 +193,8 @@ def roofline_row(name: str, r: BatchResult, fp: Footprint, model_cfg: ModelConfi
     b, ctx, gpu = r.batch, cfg.sweep.context, GPUS[cfg.gpu]
     cpu_bound = tokens_per_s_bound(b, fp.step_bytes(b, ctx), 0.0, bandwidth / 1e12)
     gpu_bound = tokens_per_s_bound(b, fp.step_bytes(b, ctx, stored=True), b * decode_flops(model_cfg, ctx), gpu.tbps, gpu.tflops)
-    return dict(vars(r), name=name, weights_read=fp.read / b, weights_stored=fp.stored / b,
+    kv = b * ctx * fp.kv_per_token  # the weights' share of a step: the routed experts' part only, for a MoE
+    return dict(vars(r), name=name, weights_read=(fp.step_bytes(b, ctx) - kv) / b, weights_stored=(fp.step_bytes(b, ctx, stored=True) - kv) / b,
                 kv_read=fp.kv_per_token * ctx, bound=cpu_bound, gpu_bound=gpu_bound)
 
 
