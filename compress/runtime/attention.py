@@ -122,10 +122,7 @@ class PagedAttention:
         for members in group_by_context(blocks):
             idx = torch.tensor(members, device=lens.device)
             width = max(blocks[i] for i in members)
-            j = torch.arange(width * block_size, device=lens.device)  # [MB * bs] key positions
-            mask = j[None] < lens[idx, None]  # [G, MB * bs]
-            if window is not None:
-                mask &= j[None] >= lens[idx, None] - window
+            mask = window_mask(lens[idx] - 1, width * block_size, window)  # [G, MB * bs]: each row's query is its last token
             groups.append(DecodeGroup(idx, self.meta.decode_tables[idx, :width].long(), mask[:, None, None]))
         return groups
 

@@ -36,6 +36,7 @@ class ModelRunner:
             for line in self.cpu_kernels.lines():
                 print(f"runtime: {line}", file=sys.stderr)
         cfg = model.cfg
+        self.attention = cfg.attention()  # every layer's window, the scale and soft-cap: the same every step
         self.block_size = config.block_size
         self.num_blocks = self._pool_blocks(max_model_len)
         self.kv = torch.zeros(  # [2 (k, v), L, num_blocks, block_size, KVH, D]
@@ -80,7 +81,7 @@ class ModelRunner:
         if self.decode_step is not None and self.decode_step.takes(meta, len(ids), cpu_kernel, rope_kernel):
             h = self.decode_step(ids_t, meta)  # [1, N, C]
         else:
-            backend = PagedAttention(self.kv, meta, self.model.cfg.attention(), cpu_kernel, rope_kernel)
+            backend = PagedAttention(self.kv, meta, self.attention, cpu_kernel, rope_kernel)
             h = self.model.hidden(ids_t, meta.positions[None], backend, meta.lengths[None])  # [1, N, C]
         logits = self.model.logits(h[0, last_rows + prompt_rows]).float()  # [S + R, V]
         return logits[:len(last_rows)], logits[len(last_rows):]
