@@ -42,6 +42,11 @@ class Expert(nn.Module):
         return getattr(self, self.names[2])(self.act(gate) * up)  # [N, C] of x [N, C]
 
 
+def top_experts(logits: torch.Tensor, top_k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probabilities, experts) [..., K] of the router's logits [..., E]: the top-k of a softmax taken in fp32."""
+    return F.softmax(logits.float(), dim=-1).topk(top_k, dim=-1)
+
+
 class SparseMoe(nn.Module):
     def __init__(self, cfg: ModelConfig, act: Callable):
         super().__init__()
@@ -57,8 +62,7 @@ class SparseMoe(nn.Module):
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [N, K] in x's dtype, experts [N, K]) of x [N, C]: the top-k of a softmax taken in fp32."""
-        probs = F.softmax(self.gate(x).float(), dim=-1)  # [N, E]
-        weights, experts = probs.topk(self.top_k, dim=-1)  # [N, K]
+        weights, experts = top_experts(self.gate(x), self.top_k)  # [N, K]
         if self.renormalize:
             weights = weights / weights.sum(-1, keepdim=True)
         return weights.to(x.dtype), experts
@@ -112,14 +116,3 @@ FUSED = {  # transformers' fused expert tensor -> (Linear name, weight) of one e
     "experts.gate_up_proj": lambda names, w: zip(names[:2], w.chunk(2)),
     "experts.down_proj": lambda names, w: [(names[2], w)],
 }
-
-
-def param_counts(model: nn.Module) -> dict[str, int]:
-    """Parameters of a decoder (a skeleton on the meta device will do): all of them, and those one token uses
-    (each sparse layer's unchosen experts left out)."""
-    total = sum(p.numel() for p in model.parameters())
-    cfg, unused = model.cfg, 0
-    if cfg.moe is not None:
-        expert = 3 * cfg.hidden_size * cfg.moe.width
-        unused = len(cfg.moe.layers) * (cfg.moe.num_experts - cfg.moe.top_k) * expert
-    return {"total": total, "active": total - unused}

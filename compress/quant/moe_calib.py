@@ -12,10 +12,9 @@ from contextlib import contextmanager
 from statistics import median
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from compress.model.moe import SparseMoe
+from compress.model.moe import SparseMoe, top_experts
 
 
 class RoutedTokens:
@@ -26,7 +25,7 @@ class RoutedTokens:
 
     def hook(self, name: str, top_k: int):
         def count(router: nn.Module, args, logits: torch.Tensor) -> None:
-            chosen = F.softmax(logits.float(), dim=-1).topk(top_k, dim=-1).indices  # [..., K]: as SparseMoe.route
+            chosen = top_experts(logits, top_k)[1]  # [..., K]
             n = torch.bincount(chosen.flatten(), minlength=logits.shape[-1]).cpu()  # [E]
             self.counts[name] = self.counts.get(name, 0) + n
 

@@ -8,11 +8,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from compress.errors import UserError
-from compress.model import lazy
 from compress.model.arch import ARCHS, expand_groups
 from compress.model.config import ModelConfig
 from compress.model.load import build, load_decoder, load_weights, open_decoder
-from compress.model.moe import SparseMoe, hub_layout, param_counts
+from compress.model.moe import SparseMoe, hub_layout
+from compress.roofline import param_counts
 from tests.conftest import save_hf, tiny_hf
 from tests.families import MOE_FAMILIES
 
@@ -112,7 +112,7 @@ def test_names_and_groups_per_expert():
 
 def test_total_and_active_parameters():
     hf = moe_hf("qwen2_moe")
-    counts = param_counts(lazy.skeleton(ModelConfig.from_hf(hf.config.to_dict())))
+    counts = param_counts(ModelConfig.from_hf(hf.config.to_dict()))
     assert counts["total"] == sum(p.numel() for p in hf.parameters())
     assert counts["total"] - counts["active"] == 1 * (4 - 2) * 3 * 64 * 48  # one sparse layer, 2 of 4 experts unused
 
