@@ -24,6 +24,24 @@ def hf_greedy(hf, prompt_ids: list[int], max_new_tokens: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
+def run_requests(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> list:
+    """The prompts' Sequences, every one run to its end (their logprobs kept on them)."""
+    seqs = [llm.make_sequence(p, params) for p in prompts]
+    for seq in seqs:
+        llm.enqueue(seq)
+    while llm.has_unfinished():
+        llm.step()
+    return seqs
+
+
+def assert_logprobs_equal(hf, seq) -> None:
+    """A finished Sequence's prompt logprobs (from its second token) and sampled ones equal transformers' full forward's."""
+    with torch.no_grad():
+        ref = hf(torch.tensor([seq.token_ids])).logits[0].log_softmax(-1)  # [T, V]
+    got = [e.logprob for e in seq.prompt_logprobs[1:]] + [e.logprob for e in seq.logprobs]
+    assert got == pytest.approx([ref[p - 1, seq.token_ids[p]].item() for p in range(1, len(seq.token_ids))], abs=1e-4)
+
+
 def random_prompts(lengths: list[int], vocab: int, seed: int = 0) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in lengths]

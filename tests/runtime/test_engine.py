@@ -5,7 +5,7 @@ import pytest
 from compress.errors import UserError
 from compress.runtime import SamplingParams
 from tests.conftest import save_hf, tiny_hf
-from tests.runtime.conftest import GREEDY, hf_greedy, make_llm, random_prompts
+from tests.runtime.conftest import GREEDY, assert_logprobs_equal, hf_greedy, make_llm, random_prompts, run_requests
 
 
 
@@ -132,22 +132,11 @@ def test_sliding_window_model_equals_transformers(tmp_path, smollm2_dir):
 
 
 def test_logprobs_equal_transformers_across_chunked_prefill(tiny_dir, hf_tiny, prompts):
-    import torch
-
     llm = make_llm(tiny_dir, max_num_batched_tokens=32)  # the 70-token prompt is prefilled in 3 chunks
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=3, prompt_logprobs=1)
-    seqs = [llm.make_sequence(p, params) for p in prompts]
-    for seq in seqs:
-        llm.enqueue(seq)
-    while llm.has_unfinished():
-        llm.step()
-    for seq in seqs:
-        with torch.no_grad():
-            ref = hf_tiny(torch.tensor([seq.token_ids])).logits[0].log_softmax(-1)  # [T, V]
-        ids = seq.token_ids
+    for seq in run_requests(llm, prompts, params):
         assert seq.prompt_logprobs[0] is None
-        got = [e.logprob for e in seq.prompt_logprobs[1:]] + [e.logprob for e in seq.logprobs]
-        assert got == pytest.approx([ref[p - 1, ids[p]].item() for p in range(1, len(ids))], abs=1e-4)
+        assert_logprobs_equal(hf_tiny, seq)
         assert all(e.top[0][0] == e.token_id and len(e.top) == 3 for e in seq.logprobs)  # greedy: the top token
         assert all(len(e.top) == 1 for e in seq.prompt_logprobs[1:])
     assert llm.blocks.num_prefix_hits == 0

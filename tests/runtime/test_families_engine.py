@@ -17,7 +17,7 @@ from compress.runtime import SamplingParams
 from compress.runtime.local_server import running_server
 from tests.conftest import save_hf, tiny_hf
 from tests.families import FAMILIES, NEW
-from tests.runtime.conftest import hf_greedy, make_llm, random_prompts
+from tests.runtime.conftest import assert_logprobs_equal, hf_greedy, make_llm, random_prompts, run_requests
 
 PARAMS = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
 
@@ -45,16 +45,8 @@ def test_family_logprobs_equal_transformers_across_chunked_prefill(tmp_path, smo
     hf = tiny_hf(kind, features=True)
     llm = make_llm(save_hf(hf, tmp_path / kind, smollm2_dir), max_num_batched_tokens=12)
     params = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=1)
-    seqs = [llm.make_sequence(p, params) for p in random_prompts([25, 30], 256, seed=13)]
-    for seq in seqs:
-        llm.enqueue(seq)
-    while llm.has_unfinished():
-        llm.step()
-    for seq in seqs:
-        with torch.no_grad():
-            ref = hf(torch.tensor([seq.token_ids])).logits[0].log_softmax(-1)  # [T, V]
-        got = [e.logprob for e in seq.prompt_logprobs[1:]] + [e.logprob for e in seq.logprobs]
-        assert got == pytest.approx([ref[p - 1, seq.token_ids[p]].item() for p in range(1, len(seq.token_ids))], abs=1e-4)
+    for seq in run_requests(llm, random_prompts([25, 30], 256, seed=13), params):
+        assert_logprobs_equal(hf, seq)
 
 
 @pytest.mark.parametrize("kind", NEW)
