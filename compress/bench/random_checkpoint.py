@@ -5,7 +5,7 @@
 
 The layout is Hugging Face's: config.json, model-0000X-of-0000N.safetensors, and
 model.safetensors.index.json = {"metadata": {"total_size": ...}, "weight_map": {name: shard}},
-plus SmolLM2's tokenizer files (every shape uses its 49152-token vocabulary). Tensors are planned
+plus SmolLM2's tokenizer files (its 49,152 ids index the first rows of a shape's vocabulary, which may be larger). Tensors are planned
 into shards by size first, then generated one at a time from a seeded generator; only the
 current shard's tensors are held, and they are dropped once saved. The tensor names and sizes are
 those of our decoder built (on the meta device) from the shape's config.json, so every family's own
