@@ -17,8 +17,8 @@ class IntSpec:
     symmetric: bool = False
 
     def __post_init__(self):
-        if self.bits not in (2, 3, 4, 8):
-            raise ValueError(f"bits must be 2, 3, 4 or 8, got {self.bits}")
+        if self.bits not in (2, 3, 4, 5, 6, 8):
+            raise ValueError(f"bits must be 2, 3, 4, 5, 6 or 8, got {self.bits}")
         if self.group_size <= 0:
             raise ValueError(f"group_size must be positive, got {self.group_size}")
 
