@@ -10,6 +10,8 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+if not torch.cuda.is_available():  # before anything imports Triton: it fixes interpret-or-compile for triton.language
+    os.environ["TRITON_INTERPRET"] = "1"  # then (tl.zeros & co.), so a kernel run on CPU tensors by any test needs it set first
 DATA = Path(os.environ.get("COMPRESS_DATA_DIR", Path(__file__).parents[1] / ".." / "shared" / "data"))
 
 

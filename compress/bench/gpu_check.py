@@ -25,8 +25,10 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from compress.bench import gpu_moe
+
 ROOT = Path(__file__).resolve().parents[2]  # the repository: tests/ and kernels/ live here
-BUDGETS = dict(env=30, cuda_tests=60, kernels=120, checkpoint=90, quantize=75, correctness=60, engine=150, hf_generate=60,
+BUDGETS = dict(env=30, cuda_tests=60, kernels=120, moe=60, checkpoint=90, quantize=75, correctness=60, engine=150, hf_generate=60,
                llmcompressor=150)  # seconds, in run order
 NEEDS = dict(quantize=("checkpoint",), correctness=("quantize",), engine=("quantize",), hf_generate=("checkpoint",))
 TOTAL_S, DRY_TOTAL_S, DRY_PHASE_S = 470, 150, 60  # 470 s leaves the rest of 8 minutes to the start and the copies
@@ -87,6 +89,9 @@ def targets(plan: Plan) -> list[Target]:
         Target(f"engine bf16 / transformers generate decode tok/s, batch {hf}", "engine_bf16_vs_hf", ">=", 3.0),
         Target("int4 greedy runs parting from the reference path, not at a near tie", "greedy_mismatches", "<=", 0, ""),
         Target("failed CUDA tests", "cuda_test_failures", "<=", 0, ""),
+        Target("MoE int4 greedy runs parting, fused kernel vs per-expert path, not at a near tie", "moe_greedy_mismatches", "<=", 0, ""),
+        Target("fused MoE outputs off reference.py (Qwen3-30B-A3B layer)", "moe_kernel_mismatches", "<=", 0, ""),
+        Target("fused MoE layer / per-expert loop speed, worst of the token counts", "moe_fused_speedup_min", ">=", 1.0),
     ]
 
 
@@ -122,7 +127,7 @@ def at_batch(rows: list[dict], batch: int) -> dict:
 
 def figures(phases: dict, plan: Plan) -> dict:
     """The numbers the targets compare, from the phases' results; a figure no phase gave is absent."""
-    out = kernel_figures(phases.get("kernels", {}))
+    out = kernel_figures(phases.get("kernels", {})) | gpu_moe.figures(phases.get("moe", {}))
     sweep = phases.get("engine", {}).get("rows") or []
     if len(sweep) == 2:  # bf16, then int4 (--compare)
         (b1, i1), big = [at_batch(rows, 1) for rows in sweep], [at_batch(rows, max(plan.engine_batches)) for rows in sweep]
@@ -244,6 +249,7 @@ def markdown(doc: dict) -> str:
                 f"{greedy['note']}", ""]
         out += table(["prompt", "equal", "first differing token", "near tie"],
                      [[n, r["equal"], number(r["diverge_at"]), number(r["near_tie"])] for n, r in enumerate(greedy["results"])])
+    out += gpu_moe.markdown(p.get("moe", {}))
     if "tests" in tests:
         out += ["## CUDA tests", "", f"{tests['passed']} passed, {tests['failures']} failed, {tests['errors']} errors, "
                 f"{tests['skipped']} skipped of {tests['tests']} in {', '.join(tests['files'])}", ""]

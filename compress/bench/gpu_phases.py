@@ -24,6 +24,7 @@ from xml.etree import ElementTree
 
 import torch
 
+from compress.bench import gpu_moe
 from compress.bench.gpu_check import PLANS, ROOT
 
 MISSING = ("gguf", "datasets", "lm_eval", "fastapi", "uvicorn", "compressed_tensors")
@@ -129,6 +130,11 @@ def kernels(ctx: Ctx, save) -> dict:
                          M=seqs, ms=ms, bf16_ms=base, bytes=nbytes, gbps=nbytes / ms / 1e6,
                          **mismatch(kb.paged_attention(*args), ref.paged_attention(*args))))
     return dict(rows=rows, peak_gbps=peak, target_model=next(iter(plan.linear)))
+
+
+def moe(ctx: Ctx, save) -> dict:
+    """A tiny int4 MoE's greedy tokens, fused MoE kernel vs per-expert path; one Qwen3-30B-A3B layer timed both ways."""
+    return gpu_moe.phase(ctx, synthetic_tokenizer(ctx.work / "tokenizer"), greedy, compare, save)
 
 
 def synthetic_tokenizer(path: Path) -> Path:
@@ -269,7 +275,7 @@ def llmcompressor(ctx: Ctx, save) -> dict:
     return dict(status="ok" if proc.returncode == 0 else "fail", returncode=proc.returncode)
 
 
-PHASES = {f.__name__: f for f in (env, cuda_tests, kernels, checkpoint, quantize, correctness, engine, hf_generate, llmcompressor)}
+PHASES = {f.__name__: f for f in (env, cuda_tests, kernels, moe, checkpoint, quantize, correctness, engine, hf_generate, llmcompressor)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -11,7 +11,9 @@ for a state dict taken from a transformers model in memory.
 
 The forward routes each token to its top-k experts (softmax over the router's logits in fp32), groups the
 tokens by expert and runs each chosen expert once on its own tokens: no [tokens x experts x width] tensor,
-and an expert no token chose is never touched. Calibration and the CPU runtime run this same code.
+and an expert no token chose is never touched. Calibration and the CPU runtime run this same code; on CUDA the
+runtime gives a block whose experts are all int4 of one spec a ``fused`` callable (``runtime/fused_experts.py``:
+the experts stacked, one Triton kernel over all of them), which then computes the routed experts instead.
 """
 
 from collections.abc import Callable
@@ -59,6 +61,7 @@ class SparseMoe(nn.Module):
         self.shared = facts.shared
         self.top_k, self.renormalize = m.top_k, m.renormalize
         self.calibrating = False  # run_expert: every expert on every token, the output still routed
+        self.fused = None  # (x [N, C], weights [N, K], experts [N, K]) -> the routed experts' sum [N, C] (runtime/fused_experts.py)
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(weights [N, K] in x's dtype, experts [N, K]) of x [N, C]: the top-k of a softmax taken in fp32."""
@@ -71,6 +74,14 @@ class SparseMoe(nn.Module):
         shape = x.shape  # [B, T, C]
         x = x.reshape(-1, shape[-1])  # [N, C]
         weights, experts = self.route(x)  # [N, K]
+        fused = self.fused is not None and not self.calibrating
+        out = self.fused(x, weights, experts) if fused else self.routed(x, shape, weights, experts)  # [N, C]
+        if self.shared:
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x.view(shape)).view(x.shape)
+        return out.view(shape)
+
+    def routed(self, x: torch.Tensor, shape: torch.Size, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        """sum_k weights[:, k] * expert_k(x) [N, C] of x [N, C]: each chosen expert run once over its tokens."""
         out = torch.zeros_like(x)  # [N, C]
         slots = experts.flatten().argsort(stable=True)  # [N K]: the (token, k) slots sorted by expert
         counts = torch.bincount(experts.flatten(), minlength=len(self.experts)).tolist()
@@ -81,9 +92,7 @@ class SparseMoe(nn.Module):
                 rows = tokens[start:start + n]  # [n]
                 out.index_add_(0, rows, self.run_expert(expert, x, shape, rows) * slot_weights[start:start + n, None])
             start += n
-        if self.shared:
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x.view(shape)).view(x.shape)
-        return out.view(shape)
+        return out
 
     def run_expert(self, expert: Expert, x: torch.Tensor, shape: torch.Size, rows: torch.Tensor) -> torch.Tensor:
         """expert(x[rows]) [n, C] of x [N, C]; calibrating, the expert runs on every token as ``shape`` (what hooks

@@ -13,6 +13,7 @@ from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_kernels import choose
 from compress.runtime.cpu_step import DecodeStep, eligible
+from compress.runtime.fused_experts import fuse_experts
 from compress.runtime.scheduler import ScheduledBatch
 
 
@@ -35,6 +36,11 @@ class ModelRunner:
         if self.cpu_kernels is not None:
             for line in self.cpu_kernels.lines():
                 print(f"runtime: {line}", file=sys.stderr)
+        self.fused_experts = fuse_experts(self.model)  # CUDA: int4 experts stacked for the fused MoE kernel
+        if self.fused_experts:
+            mib = sum(f.nbytes() for f in self.fused_experts) / 2**20
+            print(f"runtime: {len(self.fused_experts)} MoE blocks run their routed int4 experts in the fused kernel "
+                  f"({mib:.1f} MiB stacked, the experts' own buffers now views of it)", file=sys.stderr)
         cfg = model.cfg
         self.attention = cfg.attention()  # every layer's window, the scale and soft-cap: the same every step
         self.block_size = config.block_size
