@@ -39,7 +39,10 @@ def cli(ctx):
 @click.option("--bits", type=int, default=4, show_default=True, help="4 or 3 (awq, rtn)")
 @click.option("--group-size", type=int, default=None, help="input columns per scale [default: 128, or 64/32 if 128 does not divide]")
 @click.option("--symmetric", is_flag=True, help="symmetric quantization (no zero points)")
-@click.option("--format", "fmt", type=click.Choice(["compressed-tensors", "awq"]), default="compressed-tensors", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["compressed-tensors", "awq", "gguf"]), default="compressed-tensors",
+              show_default=True, help="gguf: one llama.cpp/Ollama file (-o OUT.gguf) of --gguf-type")
+@click.option("--gguf-type", type=click.Choice(["Q4_K_M", "Q4_0", "Q4_1", "Q8_0", "F16", "F32"]), default=None,
+              help="--format gguf: llama.cpp's file type [default: Q4_K_M; Q8_0 for --method int8]")
 @click.option("--rounding", type=click.Choice(["gptq", "nearest"]), default=None,
               help="awq: codes on the searched grids by GPTQ's error feedback (act-order), or nearest (the paper's) [default: gptq]")
 @click.option("--calib-data", default=None, help=".jsonl with a 'text' field, .txt, or a local datasets dir [default: C4 under $COMPRESS_DATA_DIR]")
@@ -54,19 +57,20 @@ def cli(ctx):
               help="int8: SmoothQuant migration strength on the norm-fed Linears (0: none)")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="dtype of the stored unquantized tensors (embeddings, norms, lm_head) and scales [default: the source's]")
-@click.option("-o", "--output", required=True, help="output directory")
+@click.option("-o", "--output", required=True, help="output directory (a .gguf file for --format gguf)")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
 def quantize(model, method, bits, group_size, symmetric, fmt, rounding, calib_data, calib_samples, calib_seq_len, seed,
-             outlier_threshold, outlier_topk, static_activations, smooth_alpha, dtype, output, force, verbose):
+             outlier_threshold, outlier_topk, static_activations, smooth_alpha, dtype, gguf_type, output, force, verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
     from compress.commands.quantize import run_quantize
+    from compress.commands.quantize_gguf import run_quantize_gguf
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
                       outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
-                      smooth_alpha=smooth_alpha, rounding=rounding, dtype=dtype)
-    run_quantize(model, cfg, output, force, verbose)
+                      smooth_alpha=smooth_alpha, rounding=rounding, dtype=dtype, gguf_type=gguf_type)
+    (run_quantize_gguf if cfg.format == "gguf" else run_quantize)(model, cfg, output, force, verbose)
 
 
 @cli.command("prune-distill")

@@ -136,10 +136,15 @@ def gptq_one(w: torch.Tensor, gram: torch.Tensor, search: GridSearch | None, pre
     return (scale, zero), gptq_codes(w, gram, scale, zero, spec, prep.result)
 
 
+# Rounds a block's Linears once its scales are folded: (block, hessians, grams) with awq_block's dicts.
+Finish = Callable[[nn.Module, dict, dict], None]
+
+
 def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int,
-              calibrate=nullcontext) -> list[ScaleResult]:
+              calibrate=nullcontext, finish: Finish | None = None) -> list[ScaleResult]:
     """Search, fold and quantize one block in place; returns each group's search result. The inputs are recorded
-    within ``calibrate()`` (moe_calib.all_experts)."""
+    within ``calibrate()`` (moe_calib.all_experts). ``finish`` rounds the Linears instead of the swap to
+    PackedLinears (a GGUF file's own types, compress/gguf/export.py)."""
     with calibrate():
         feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed, gram=cfg.gptq)
     found = [search_group(block, g, feats, spec, cfg, head_dim) for g in groups]
@@ -156,15 +161,20 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
             inv = 1 / expand(res.scales).float()  # [I]: the fold divided the inputs by the scales
             grams |= dict.fromkeys(quantized(block, g), feats[g.module]["gram"] * inv[:, None] * inv[None, :])
     # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
+    if finish is not None:
+        finish(block, hessians, grams)
+        return [res for res, _ in found]
     params, codes = grids_and_codes(block, hessians, grams, spec, cfg.grid)
     quantize_block(block, spec, params, codes)
     return [res for res, _ in found]
 
 
 def awq_quantize(model: Decoder, spec: IntSpec, cfg: QuantConfig, calib: torch.Tensor, verbose: bool = False,
-                 done: BlockDone | None = None, routed: RoutedTokens | None = None) -> None:
+                 done: BlockDone | None = None, routed: RoutedTokens | None = None,
+                 finish: Callable[[int], Finish] | None = None) -> None:
     """Quantize ``model`` in place, feeding each quantized block's outputs to the next; ``done(i, block)``
-    after each block (a lazy model's block is released after it); ``routed`` counts the experts' tokens."""
+    after each block (a lazy model's block is released after it); ``routed`` counts the experts' tokens;
+    ``finish(i)``: layer i's rounding in place of the swap (``awq_block``)."""
     device = compute_device()
     x = block_inputs(model, calib, device)  # [N, T, C]
     positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]: same positions for every row
@@ -173,7 +183,8 @@ def awq_quantize(model: Decoder, spec: IntSpec, cfg: QuantConfig, calib: torch.T
         model.prepare(positions, x.dtype)
         groups = model.cfg.layer_groups(i)
         calibrate = functools.partial(all_experts, block, f"model.layers.{i}.", routed)
-        results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i, calibrate)
+        results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i, calibrate,
+                            finish(i) if finish is not None else None)
         x = run_block(block, x)
         gain = sum(r.loss for r in results) / max(sum(r.loss_unscaled for r in results), 1e-30)
         bar.set_postfix(loss_vs_rtn=f"{gain:.2f}")

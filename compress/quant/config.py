@@ -8,7 +8,7 @@ METHODS = ("awq", "rtn", "int8", "fp8")
 INT_METHODS = ("awq", "rtn")  # group-quantized int4/int3
 OUTLIER_THRESHOLD = 6.0  # LLM.int8's |x| threshold
 SMOOTH_ALPHA = 0.7  # int8: SmoothQuant migration strength on the norm-fed Linears (docs/formats.md)
-FORMATS = ("compressed-tensors", "awq")
+FORMATS = ("compressed-tensors", "awq", "gguf")
 ROUNDINGS = ("gptq", "nearest")  # awq: how the codes are chosen on the searched grids; the first is the default
 DTYPES = ("float32", "bfloat16", "float16")  # what unquantized tensors and scales are stored as
 
@@ -36,6 +36,7 @@ class QuantConfig:
     static_activations: bool = False  # fp8: calibrated per-tensor input scales instead of per-token
     smooth_alpha: float = SMOOTH_ALPHA  # int8: 0 = no SmoothQuant migration
     dtype: str | None = None  # stored dtype of unquantized tensors and scales; None: the source checkpoint's
+    gguf_type: str | None = None  # --format gguf: llama.cpp's file type; None: Q4_K_M for 4 bits, Q8_0 for int8
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -69,6 +70,7 @@ class QuantConfig:
         if self.method == "awq" and self.rounding is None:
             self.rounding = ROUNDINGS[0]
         self._check_int8_fp8()
+        self._check_gguf()
 
     def _check_int8_fp8(self) -> None:
         if self.method not in INT_METHODS and (self.group_size is not None or self.symmetric):
@@ -90,6 +92,36 @@ class QuantConfig:
 
             require_float8()
 
+    def _check_gguf(self) -> None:
+        from compress.gguf.types import DEFAULT_4BIT, DEFAULT_8BIT, FILE_TYPES
+
+        if self.format != "gguf":
+            if self.gguf_type is not None:
+                raise UserError("--gguf-type applies to --format gguf")
+            return
+        if self.gguf_type is None:
+            self.gguf_type = DEFAULT_8BIT if self.method == "int8" else DEFAULT_4BIT
+        if self.gguf_type not in FILE_TYPES:
+            raise UserError(f"--gguf-type {self.gguf_type} is not one of {', '.join(FILE_TYPES)}")
+        ft = FILE_TYPES[self.gguf_type]
+        if self.method == "fp8":
+            raise UserError("--format gguf has no fp8 type; use --method awq or rtn (4-bit types) or int8 (Q8_0)")
+        if ft.bits == 4 and (self.method not in INT_METHODS or self.bits != 4):
+            what = f"--bits {self.bits}" if self.method in INT_METHODS else f"--method {self.method}"
+            raise UserError(f"--gguf-type {ft.name} holds 4-bit weights; {what} does not fit it (use --method awq or rtn "
+                            "with --bits 4, or --gguf-type Q8_0 for 8 bits)")
+        if ft.bits == 8 and self.method == "awq":
+            raise UserError("--gguf-type Q8_0 takes --method int8 or rtn (8-bit rounding needs no AWQ search)")
+        if self.group_size is not None or self.symmetric or self.dtype is not None:
+            raise UserError(f"--group-size, --symmetric and --dtype do not apply to --format gguf: {ft.name} fixes its own "
+                            "blocks, scales and dtypes")
+
+    @property
+    def gguf_calibrates(self) -> bool:
+        from compress.gguf.types import FILE_TYPES
+
+        return self.method == "awq" and FILE_TYPES[self.gguf_type].bits == 4
+
     @property
     def gptq(self) -> bool:
         """Whether AWQ chooses its codes by GPTQ's error feedback rather than nearest rounding."""
@@ -97,6 +129,8 @@ class QuantConfig:
 
     @property
     def needs_calibration(self) -> bool:
+        if self.format == "gguf":
+            return self.gguf_calibrates
         if self.method == "int8":
             return self.outlier_topk != 0 or self.smooth_alpha > 0
         if self.method == "fp8":

@@ -1,0 +1,101 @@
+"""Which of our families llama.cpp runs, under which GGUF architecture, and the metadata it reads.
+
+llama.cpp's converter (convert_hf_to_gguf.py) is the reference for every key and tensor written here.
+Mistral is llama's architecture to llama.cpp; llama's q/k rows are stored with each head's rotary pairs
+interleaved (llama.cpp's "normal" rope), the Qwen families keep transformers' half-split order ("neox").
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from compress.errors import UserError
+from compress.model.config import ModelConfig
+
+
+@dataclass(frozen=True)
+class GgufFamily:
+    arch: str  # general.architecture
+    permute_qk: bool  # q/k rows reordered from transformers' half-split rotary layout to interleaved pairs
+
+
+FAMILIES = {
+    "llama": GgufFamily("llama", True),
+    "mistral": GgufFamily("llama", True),
+    "qwen2": GgufFamily("qwen2", False),
+    "qwen3": GgufFamily("qwen3", False),
+}
+ROPE_TYPES = ("linear", "llama3", "yarn")  # scalings llama.cpp reads for these architectures
+
+
+def family(cfg: ModelConfig) -> GgufFamily:
+    """The GGUF family of ``cfg``, or one line saying why llama.cpp cannot run it from a file we write."""
+    if cfg.model_type not in FAMILIES:
+        raise UserError(f"--format gguf writes {', '.join(FAMILIES)} models; this is a {cfg.model_type} model "
+                        "(use --format compressed-tensors for it)")
+    if cfg.moe is not None:
+        raise UserError("--format gguf does not write mixture-of-experts models yet; use --format compressed-tensors")
+    rope = (cfg.rope_scaling or {}).get("rope_type")
+    if rope is not None and rope not in ROPE_TYPES:
+        raise UserError(f"--format gguf: llama.cpp's {cfg.model_type} reads no '{rope}' rope scaling; use --format compressed-tensors")
+    # Mistral's window is dropped as llama.cpp's converter drops it (llama.cpp's llama attends to every token).
+    if cfg.partial_rotary_factor != 1.0 or (cfg.model_type != "mistral" and any(w is not None for w in cfg.windows())):
+        raise UserError(f"--format gguf: llama.cpp's {FAMILIES[cfg.model_type].arch} has no partial rotary or sliding "
+                        "window; use --format compressed-tensors for this checkpoint")
+    return FAMILIES[cfg.model_type]
+
+
+def hyperparameters(cfg: ModelConfig) -> dict[str, object]:
+    """"{arch}.*" keys (without the prefix) as convert_hf_to_gguf.py writes them."""
+    keys = {
+        "context_length": cfg.max_position_embeddings,
+        "embedding_length": cfg.hidden_size,
+        "feed_forward_length": cfg.intermediate_size,
+        "block_count": cfg.num_layers,
+        "attention.head_count": cfg.num_heads,
+        "attention.head_count_kv": cfg.num_kv_heads,
+        "attention.key_length": cfg.head_dim,
+        "attention.value_length": cfg.head_dim,
+        "attention.layer_norm_rms_epsilon": float(cfg.rms_norm_eps),
+        "rope.freq_base": float(cfg.rope_theta),
+        "rope.dimension_count": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+    }
+    rope = cfg.rope_scaling or {}
+    if rope.get("rope_type") == "linear":
+        keys |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(rope["factor"])}
+    if rope.get("rope_type") == "yarn":
+        keys |= {"rope.scaling.type": "yarn", "rope.scaling.factor": float(rope["factor"]),
+                 "rope.scaling.original_context_length": int(rope["original_max_position_embeddings"])}
+    return keys
+
+
+def rope_freqs(cfg: ModelConfig) -> torch.Tensor | None:
+    """Llama 3's frequency-dependent rope scaling as llama.cpp reads it: a "rope_freqs.weight" tensor [D/2] of
+    divisors of each pair's base frequency (convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors)."""
+    rope = cfg.rope_scaling or {}
+    if rope.get("rope_type") != "llama3":
+        return None
+    dim = cfg.head_dim
+    freqs = 1.0 / (cfg.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))  # [D/2]
+    factor, low, high = rope["factor"], rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    out = []
+    for f in freqs.tolist():
+        wavelen = 2 * math.pi / f
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def permute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """Rows [heads * D, ...] from transformers' rotary layout (pairs (i, i + D/2)) to llama.cpp's (pairs (2i, 2i+1)).
+    Any per-row data (a quantized row's bytes) moves with its row."""
+    d = w.shape[0] // heads
+    return w.reshape(heads, 2, d // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)

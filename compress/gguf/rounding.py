@@ -1,0 +1,133 @@
+"""One weight into one GGUF type: the type's grid (searched on the output error where AWQ gave group Hessians,
+else our weighted range search) and the codes on it (GPTQ's error feedback where the inputs' E[x x^T] is known,
+else nearest). Returns the type's bytes and the weight they stand for, which the block then computes with.
+
+GPTQ (gptq.py) rounds onto grids w = (q - z) s with one (s, z) per group; a GGUF grid is w = q a + b per group
+with any offset b, so it runs on w - b with s = a, z = 0: the errors, hence the feedback, are the same.
+"""
+
+import functools
+from collections.abc import Callable
+
+import torch
+
+from compress.quant.awq import GridSearch, side_by_side
+from compress.quant.awq_apply import Job
+from compress.quant.gguf_blocks import TYPES, Grid, fit_grid, nearest_codes, pack, search_grid
+from compress.quant.gptq import gptq_codes, prepare
+from compress.quant.primitives import IntSpec
+
+TILE = 2**17  # weights searched per job: the search's many small ops run one job per core (awq.side_by_side)
+
+
+def expand(grid_values: torch.Tensor, group: int) -> torch.Tensor:
+    """[O, G] -> [O, G * group]: each group's value on each of its weights."""
+    return grid_values.repeat_interleave(group, dim=1)
+
+
+def weight_of(kind: str, codes: torch.Tensor, grid: Grid) -> torch.Tensor:
+    """fp32 [O, I]: what the codes on ``grid`` dequantize to (q a + b)."""
+    g = TYPES[kind].group
+    return codes.float() * expand(grid.a, g) + expand(grid.b, g)
+
+
+def unquantized(kind: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    stored = w.to(torch.float16 if kind == "F16" else torch.float32)
+    return stored, stored.float()
+
+
+def tiles(w: torch.Tensor) -> list[slice]:
+    rows = max(1, TILE // w.shape[1])
+    return [slice(r0, r0 + rows) for r0 in range(0, w.shape[0], rows)]
+
+
+def weight_only(kind: str, w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bytes uint8 [O, nbytes], weight fp32 [O, I]) of w [O, I] (any float dtype) rounded to nearest on our searched
+    grid; ``importance`` [I]: E[x_i^2] of the inputs, weighting each column's error. Rows are searched a tile at a
+    time (an 8B model's 128k-row embedding is never widened whole), the tiles side by side."""
+    if kind in ("F16", "F32"):
+        return unquantized(kind, w)
+    t = TYPES[kind]
+    raw = torch.empty(w.shape[0], w.shape[1] // t.block * t.type_size, dtype=torch.uint8)
+    out = torch.empty(w.shape, dtype=torch.float32)
+
+    def job(rows: slice) -> None:
+        x = w[rows].float()  # [R, I]
+        grid = search_grid(t, x, importance)
+        codes = nearest_codes(t, x, grid)
+        raw[rows], out[rows] = pack(t, codes, grid), weight_of(kind, codes, grid)
+
+    side_by_side(job, tiles(w), w.device)
+    return raw, out
+
+
+def join(grids: list[Grid]) -> Grid:
+    stored = {k: torch.cat([g.stored[k] for g in grids]) for k in grids[0].stored}
+    return Grid(torch.cat([g.a for g in grids]), torch.cat([g.b for g in grids]), stored)
+
+
+def grid_jobs(kind: str, w: torch.Tensor, importance: torch.Tensor, hessians: torch.Tensor | None,
+              grid: int) -> tuple[list[Job], Callable[[], Grid]]:
+    """(jobs, result) choosing w's grid [O, I] in tiles: the range search on the output error (awq.GridSearch with the
+    group Hessians [G, g, g]) for a 4-bit type whose group is the Hessians', fitted to what the type stores; else
+    the weighted range search (search_grid) with ``importance`` [I]."""
+    t = TYPES[kind]
+    if hessians is not None and t.group == hessians.shape[-1] and t.bits == 4:
+        search = GridSearch(w, hessians, IntSpec(t.bits, t.group, t.symmetric), grid)
+
+        def searched() -> Grid:
+            scale, zero = search.result()  # [O, G]
+            return fit_grid(t, scale, -zero.float() * scale)
+
+        return [Job(functools.partial(search.search, tile)) for tile in search.tiles], searched
+    parts: dict[int, Grid] = {}
+    spans = tiles(w)
+
+    def part(rows: slice) -> None:
+        parts[rows.start] = search_grid(t, w[rows].float(), importance)
+
+    return [Job(functools.partial(part, rows)) for rows in spans], lambda: join([parts[r.start] for r in spans])
+
+
+def on_grid(kind: str, w: torch.Tensor, gram: torch.Tensor, prepared, grid_: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bytes, weight fp32 [O, I]) of GPTQ's codes for w [O, I] on ``grid_`` given its inputs' E[x x^T] [I, I]
+    (``prepared``: gptq.prepare(gram))."""
+    t, w = TYPES[kind], w.float()
+    codes = gptq_codes(w - expand(grid_.b, t.group), gram, grid_.a, torch.zeros_like(grid_.a, dtype=torch.int32),
+                       IntSpec(t.bits, t.group), prepared)
+    return pack(t, codes, grid_), weight_of(kind, codes, grid_)
+
+
+@torch.no_grad()
+def round_linears(block: torch.nn.Module, kinds: dict[str, str], hessians: dict | None = None, grams: dict | None = None,
+                  grid: int = 20) -> dict[str, torch.Tensor]:
+    """Round the Linears of ``block`` named in ``kinds`` (name -> type) and make the block compute with the result;
+    returns their bytes by name. ``hessians`` (name -> group Hessians) and ``grams`` (name -> E[x x^T]) come from
+    AWQ (awq_apply.awq_block's ``finish``): each such Linear's grid is searched and its codes chosen by GPTQ, all
+    as one list of jobs side by side as awq_apply.grids_and_codes runs them (widest Linear first; the Linears with
+    one input share its factorization). A Linear without a gram is rounded weight only."""
+    hessians, grams = hessians or {}, grams or {}
+    weights = {name: block.get_submodule(name).weight for name in kinds}
+    jobs, prepared, rounded, out = [], {}, {}, {}
+    for name in sorted(weights, key=lambda name: (-weights[name].shape[1], -weights[name].numel())):
+        w, kind = weights[name], kinds[name]
+        if name not in grams:
+            out[name] = weight_only(kind, w)
+            continue
+        if kind in ("F16", "F32"):
+            out[name] = unquantized(kind, w)
+            continue
+        key = id(grams[name])
+        if key not in prepared:
+            prepared[key] = Job(functools.partial(prepare, grams[name]))
+            jobs.append(prepared[key])
+        prep = prepared[key]
+        searches, grid_of = grid_jobs(kind, w, torch.diagonal(grams[name]).float(), hessians.get(name), grid)
+        rounded[name] = Job(lambda kind=kind, w=w, gram=grams[name], prep=prep, grid_of=grid_of:
+                            on_grid(kind, w, gram, prep.result, grid_of()), [*searches, prep])
+        jobs += [*searches, rounded[name]]
+    side_by_side(Job.__call__, jobs, next(block.parameters()).device)
+    out |= {name: job.result for name, job in rounded.items()}
+    for name, (_, w) in out.items():
+        weights[name].copy_(w.to(weights[name].dtype))
+    return {name: raw for name, (raw, _) in out.items()}
