@@ -6,7 +6,7 @@ OUT ?= demo-out
 STAMP = .make-installed
 COMPRESS = $(PYTHON) -m compress.cli
 
-.PHONY: install demo test test-fast clean
+.PHONY: install demo test test-fast offgrid clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m pip install torch==2.13.0
@@ -28,6 +28,11 @@ test: install
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests
+
+# SmolLM2-135M moved off its Q4_1 grid, into the cache as the built-in smollm2-135m-offgrid (docs/results/offgrid.md;
+# about 15 minutes on 2 CPU cores). FORCE=1 makes it again.
+offgrid: install
+	$(PYTHON) -m compress.bench.offgrid_model $(if $(FORCE),--force)
 
 clean:
 	rm -rf $(OUT) $(STAMP) .pytest_cache

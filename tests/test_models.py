@@ -1,10 +1,11 @@
 import pytest
 
 from compress import models
+from compress.gguf import reader
 
 
 def fake_convert(also_finished: bool):
-    """A convert_gguf that writes config.json; ``also_finished``: another process's result appears meanwhile."""
+    """A reader.convert that writes config.json; ``also_finished``: another process's result appears meanwhile."""
 
     def convert(gguf, out_dir):
         (out_dir / "config.json").write_text("{\"ours\": true}")
@@ -19,16 +20,16 @@ def fake_convert(also_finished: bool):
 
 def test_converted_once_then_cached(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path))
-    monkeypatch.setattr(models.load, "convert_gguf", fake_convert(False))
+    monkeypatch.setattr(reader, "convert", fake_convert(False))
     out = models.converted(tmp_path / "m.gguf", "m")
     assert (out / "config.json").read_text() == "{\"ours\": true}"
-    monkeypatch.setattr(models.load, "convert_gguf", lambda *a: pytest.fail("converted twice"))
+    monkeypatch.setattr(reader, "convert", lambda *a: pytest.fail("converted twice"))
     assert models.converted(tmp_path / "m.gguf", "m") == out
 
 
 def test_concurrent_conversion_keeps_the_first_and_cleans_up(tmp_path, monkeypatch):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path))
-    monkeypatch.setattr(models.load, "convert_gguf", fake_convert(True))
+    monkeypatch.setattr(reader, "convert", fake_convert(True))
     out = models.converted(tmp_path / "m.gguf", "m")
     assert (out / "config.json").read_text() == "{\"ours\": false}"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m"]  # no temporary directory left behind

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from compress.gguf import rounding
-from compress.gguf.family import family, hyperparameters, permute_rows, rope_freqs
+from compress.gguf.family import family, gguf_names, hyperparameters, permute_rows, role, rope_freqs
 from compress.gguf.types import FileType, tensor_type
 from compress.gguf.vocab import add_vocab
 from compress.gguf.writer import GgufFile, Planned
@@ -23,25 +23,10 @@ from compress.model.decoder import Decoder
 QUANTIZATION_VERSION = 2  # general.quantization_version of llama.cpp's current block layouts
 
 
-def gguf_names(model: Decoder):
-    """HF tensor name -> GGUF tensor name (gguf-py's own table, as llama.cpp's converter uses it)."""
-    import gguf
-
-    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family(model.cfg).arch)
-    table = gguf.get_tensor_name_map(arch, model.cfg.num_layers)
-    return lambda name: table.get_name(name, try_suffixes=(".weight", ".bias"))
-
-
-def role(gguf_name: str) -> str:
-    """"blk.3.attn_v.weight" -> "attn_v"."""
-    parts = gguf_name.split(".")
-    return parts[2] if parts[0] == "blk" else parts[0]
-
-
 class GgufExport:
     def __init__(self, path: Path, model: Decoder, ft: FileType, source_dir: Path, recipe: dict):
         self.model, self.ft, self.cfg, self.fam = model, ft, model.cfg, family(model.cfg)
-        self.name = gguf_names(model)
+        self.name = gguf_names(model.cfg)
         self.kinds: dict[str, str] = {}  # GGUF name -> type, for every planned tensor
         plan = self.plan()
         self.file = GgufFile(path, self.fam.arch, plan, lambda w: self.metadata(w, source_dir, recipe))

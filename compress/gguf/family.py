@@ -99,3 +99,24 @@ def permute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
     Any per-row data (a quantized row's bytes) moves with its row."""
     d = w.shape[0] // heads
     return w.reshape(heads, 2, d // 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def unpermute_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
+    """The inverse of ``permute_rows``: llama.cpp's rotary row order back to transformers'."""
+    d = w.shape[0] // heads
+    return w.reshape(heads, d // 2, 2, *w.shape[1:]).transpose(1, 2).reshape(w.shape)
+
+
+def gguf_names(cfg: ModelConfig):
+    """HF tensor name -> GGUF tensor name (gguf-py's own table, as llama.cpp's converter uses it)."""
+    import gguf
+
+    arch = next(a for a, n in gguf.MODEL_ARCH_NAMES.items() if n == family(cfg).arch)
+    table = gguf.get_tensor_name_map(arch, cfg.num_layers)
+    return lambda name: table.get_name(name, try_suffixes=(".weight", ".bias"))
+
+
+def role(gguf_name: str) -> str:
+    """"blk.3.attn_v.weight" -> "attn_v"."""
+    parts = gguf_name.split(".")
+    return parts[2] if parts[0] == "blk" else parts[0]

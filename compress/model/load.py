@@ -148,22 +148,30 @@ def gguf_architecture(path: Path) -> str:
     return bytes(field.parts[field.data[0]]).decode()
 
 
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF of one of GGUF_ARCHS into an fp32 HF safetensors directory (+ tokenizer)."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def gguf_decoder(gguf_path: Path) -> Decoder:
+    """A GGUF of one of GGUF_ARCHS as an fp32 Decoder: transformers' reader dequantizes every tensor."""
+    from transformers import AutoModelForCausalLM
 
     gguf_path = Path(gguf_path)
     arch = gguf_architecture(gguf_path)
     if arch not in GGUF_ARCHS:
         raise UserError(f"{gguf_path} holds a '{arch}' model (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
-    kwargs = dict(gguf_file=gguf_path.name)
     try:
-        hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, **kwargs)
+        hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, gguf_file=gguf_path.name)
     except (ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"{gguf_path} could not be read as a '{arch}' GGUF: {str(e).splitlines()[0]}") from e
     # transformers keeps a GGUF quantizer attached that makes save_pretrained refuse, so the
     # weights go through our own decoder and writer instead (logits are identical).
-    cfg = ModelConfig.from_hf(hf.config.to_dict())
-    model = load_weights(build(cfg), dict(hf.state_dict()))
-    save_decoder(model, out_dir)
-    AutoTokenizer.from_pretrained(gguf_path.parent, **kwargs).save_pretrained(out_dir)
+    return load_weights(build(ModelConfig.from_hf(hf.config.to_dict())), dict(hf.state_dict()))
+
+
+def save_gguf_tokenizer(gguf_path: Path, out_dir: Path) -> None:
+    from transformers import AutoTokenizer
+
+    AutoTokenizer.from_pretrained(Path(gguf_path).parent, gguf_file=Path(gguf_path).name).save_pretrained(out_dir)
+
+
+def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
+    """Dequantize a GGUF of one of GGUF_ARCHS into an fp32 HF safetensors directory (+ tokenizer)."""
+    save_decoder(gguf_decoder(gguf_path), out_dir)
+    save_gguf_tokenizer(gguf_path, out_dir)

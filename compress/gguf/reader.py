@@ -1,0 +1,80 @@
+"""A GGUF file as a checkpoint our engine runs: Q4_0 Linears kept as their 4-bit codes, everything else dequantized.
+
+llama.cpp's Q4_0 block is 32 weights w = d (q - 8), q in 0..15, with an fp16 d of either sign: exactly our int4
+grid at group size 32 with the scale |d| and the zero point 8 (d > 0) or 7 (d < 0, the codes read as 15 - q:
+gguf_blocks keeps every step positive), so a file whose decoder Linears are all Q4_0 becomes one of our int4
+compressed-tensors checkpoints holding the same codes and scales, and our 4-bit kernels then compute with the
+very numbers llama.cpp computes with. Any other mixture (Q4_1's and Q4_K's offsets are not a multiple of the
+step, Q6_K, Q8_0, F16) is dequantized to fp32 by transformers' reader as before. The embedding, norms and
+output layer are dequantized in both cases.
+"""
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from compress.errors import UserError
+from compress.gguf.family import family, gguf_names, role, unpermute_rows
+from compress.model import load
+from compress.model.decoder import Decoder
+from compress.quant import packing
+from compress.quant.export import write_quantized
+from compress.quant.gguf_blocks import TYPES, unpack
+from compress.quant.linear import PackedLinear
+from compress.quant.primitives import IntSpec
+
+Q4_0 = IntSpec(4, 32)  # w = |d| (q - z), z in {7, 8}: Q4_0's block
+
+
+def q4_0_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> PackedLinear:
+    """The PackedLinear of one Q4_0 GGUF tensor, rows in transformers' order (``heads``: q/k of a permuting family)."""
+    raw = torch.from_numpy(np.asarray(tensor.data).copy()).reshape(linear.out_features, -1)  # [O, bytes]
+    codes, grid = unpack(TYPES["Q4_0"], raw, linear.in_features)  # [O, I] uint8, a and b [O, G]: w = q a + b
+    scale = grid.a
+    zero = torch.where(scale > 0, -grid.b / scale.clamp(min=1e-30), 8.0).round().to(torch.int32)  # [O, G]: 7 or 8
+    if heads is not None:
+        codes, scale, zero = (unpermute_rows(t, heads) for t in (codes, scale, zero))
+    new = PackedLinear(linear.in_features, linear.out_features, Q4_0, linear.bias is not None, torch.float32)
+    new.weight_packed.copy_(packing.pack(codes, Q4_0.bits))
+    new.weight_scale.copy_(scale)
+    new.weight_zero_point.copy_(packing.pack_zero_points(zero, Q4_0.bits))
+    if linear.bias is not None:
+        new.bias.data.copy_(linear.bias.detach())
+    return new
+
+
+def q4_0_linears(gguf_path: Path, model: Decoder) -> dict[tuple[int, str], PackedLinear] | None:
+    """(layer, Linear name) -> PackedLinear for every decoder Linear when all of them are Q4_0 in the file, else None."""
+    from gguf import GGMLQuantizationType, GGUFReader
+
+    try:
+        fam, name = family(model.cfg), gguf_names(model.cfg)
+    except UserError:  # a family we do not write: read it dequantized
+        return None
+    tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}
+    found = {}
+    for i, block in enumerate(model.model.layers):
+        for n in block.linears:
+            gguf_name = name(f"model.layers.{i}.{n}.weight")
+            tensor = tensors.get(gguf_name)
+            if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q4_0:
+                return None
+            heads = {"attn_q": model.cfg.num_heads, "attn_k": model.cfg.num_kv_heads}.get(role(gguf_name)) if fam.permute_qk else None
+            found[(i, n)] = q4_0_linear(tensor, block.get_submodule(n), heads)
+    return found
+
+
+def convert(gguf_path: Path, out_dir: Path) -> None:
+    """The GGUF as an HF directory under ``out_dir``: int4 compressed-tensors with the file's codes where every decoder
+    Linear is Q4_0, else fp32 (load.convert_gguf)."""
+    model = load.gguf_decoder(gguf_path)
+    linears = q4_0_linears(gguf_path, model)
+    if linears is None:
+        load.save_decoder(model, out_dir)
+    else:
+        for (i, n), packed in linears.items():
+            parent, _, leaf = n.rpartition(".")
+            setattr(model.model.layers[i].get_submodule(parent), leaf, packed)
+        write_quantized(model, Q4_0, out_dir, None, dtype=torch.float32)
+    load.save_gguf_tokenizer(gguf_path, out_dir)
