@@ -66,7 +66,7 @@ def join(grids: list[Grid]) -> Grid:
     return Grid(torch.cat([g.a for g in grids]), torch.cat([g.b for g in grids]), stored)
 
 
-def grid_jobs(kind: str, w: torch.Tensor, importance: torch.Tensor, hessians: torch.Tensor | None,
+def grid_jobs(kind: str, w: torch.Tensor, importance: torch.Tensor | None, hessians: torch.Tensor | None,
               grid: int) -> tuple[list[Job], Callable[[], Grid]]:
     """(jobs, result) choosing w's grid [O, I] in tiles: the range search on the output error (awq.GridSearch with the
     group Hessians [G, g, g]) for a 4-bit type whose group is the Hessians', fitted to what the type stores; else
@@ -89,6 +89,12 @@ def grid_jobs(kind: str, w: torch.Tensor, importance: torch.Tensor, hessians: to
     return [Job(functools.partial(part, rows)) for rows in spans], lambda: join([parts[r.start] for r in spans])
 
 
+def nearest_on(kind: str, w: torch.Tensor, grid_: Grid) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bytes, weight fp32 [O, I]) of w [O, I] rounded to nearest on ``grid_``."""
+    codes = nearest_codes(TYPES[kind], w.float(), grid_)
+    return pack(TYPES[kind], codes, grid_), weight_of(kind, codes, grid_)
+
+
 def on_grid(kind: str, w: torch.Tensor, gram: torch.Tensor, prepared, grid_: Grid) -> tuple[torch.Tensor, torch.Tensor]:
     """(bytes, weight fp32 [O, I]) of GPTQ's codes for w [O, I] on ``grid_`` given its inputs' E[x x^T] [I, I]
     (``prepared``: gptq.prepare(gram))."""
@@ -103,28 +109,32 @@ def round_linears(block: torch.nn.Module, kinds: dict[str, str], hessians: dict 
                   grid: int = 20) -> dict[str, torch.Tensor]:
     """Round the Linears of ``block`` named in ``kinds`` (name -> type) and make the block compute with the result;
     returns their bytes by name. ``hessians`` (name -> group Hessians) and ``grams`` (name -> E[x x^T]) come from
-    AWQ (awq_apply.awq_block's ``finish``): each such Linear's grid is searched and its codes chosen by GPTQ, all
-    as one list of jobs side by side as awq_apply.grids_and_codes runs them (widest Linear first; the Linears with
-    one input share its factorization). A Linear without a gram is rounded weight only."""
+    AWQ (awq_apply.awq_block's ``finish``): a Linear with either has its grid searched (grid_jobs), and its codes
+    chosen by GPTQ given its gram, else nearest (AWQ's --rounding nearest); all as one list of jobs side by side as
+    awq_apply.grids_and_codes runs them (widest Linear first; the Linears with one input share its factorization).
+    A Linear with neither is rounded weight only."""
     hessians, grams = hessians or {}, grams or {}
     weights = {name: block.get_submodule(name).weight for name in kinds}
     jobs, prepared, rounded, out = [], {}, {}, {}
     for name in sorted(weights, key=lambda name: (-weights[name].shape[1], -weights[name].numel())):
-        w, kind = weights[name], kinds[name]
-        if name not in grams:
-            out[name] = weight_only(kind, w)
-            continue
+        w, kind, gram = weights[name], kinds[name], grams.get(name)
         if kind in ("F16", "F32"):
             out[name] = unquantized(kind, w)
             continue
-        key = id(grams[name])
-        if key not in prepared:
-            prepared[key] = Job(functools.partial(prepare, grams[name]))
-            jobs.append(prepared[key])
-        prep = prepared[key]
-        searches, grid_of = grid_jobs(kind, w, torch.diagonal(grams[name]).float(), hessians.get(name), grid)
-        rounded[name] = Job(lambda kind=kind, w=w, gram=grams[name], prep=prep, grid_of=grid_of:
-                            on_grid(kind, w, gram, prep.result, grid_of()), [*searches, prep])
+        if gram is None and name not in hessians:
+            out[name] = weight_only(kind, w)
+            continue
+        importance = None if gram is None else torch.diagonal(gram).float()
+        searches, grid_of = grid_jobs(kind, w, importance, hessians.get(name), grid)
+        if gram is None:
+            rounded[name] = Job(lambda kind=kind, w=w, grid_of=grid_of: nearest_on(kind, w, grid_of()), searches)
+        else:
+            if id(gram) not in prepared:
+                prepared[id(gram)] = Job(functools.partial(prepare, gram))
+                jobs.append(prepared[id(gram)])
+            prep = prepared[id(gram)]
+            rounded[name] = Job(lambda kind=kind, w=w, gram=gram, prep=prep, grid_of=grid_of:
+                                on_grid(kind, w, gram, prep.result, grid_of()), [*searches, prep])
         jobs += [*searches, rounded[name]]
     side_by_side(Job.__call__, jobs, next(block.parameters()).device)
     out |= {name: job.result for name, job in rounded.items()}
