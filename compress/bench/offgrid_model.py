@@ -36,6 +36,7 @@ from compress.manifest import write_manifest
 from compress.model.load import load_decoder, save_decoder
 from compress.outdir import check_target, staged
 from compress.prune.distill import kd_loss
+from compress.quant.gguf_blocks import TYPES, unpack
 from compress.quant.primitives import IntSpec, grouped, pseudo_quantize
 
 NAME = "smollm2-135m-offgrid"
@@ -57,20 +58,20 @@ def default_out() -> Path:
 
 def q4_1_grids(gguf_path: Path, heads: int, kv_heads: int) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
     """HF weight name -> (step d, offset m), each [O, I/32] fp32, of every Q4_1 decoder Linear in the GGUF, in HF
-    row order. A Q4_1 block is 20 bytes: fp16 d, fp16 m, 16 bytes of 4-bit codes."""
+    row order (read by gguf_blocks.unpack: Q4_1's d is never negative, so its grid is (d, m) as stored)."""
     import numpy as np
     from gguf import GGUFReader, GGMLQuantizationType
 
-    grids = {}
+    q4_1, grids = TYPES["Q4_1"], {}
     for t in GGUFReader(str(gguf_path)).tensors:
         parts = t.name.split(".")  # blk.{i}.{kind}.weight
         if len(parts) != 4 or parts[0] != "blk" or parts[2] not in GGUF_LINEARS:
             continue
         if t.tensor_type != GGMLQuantizationType.Q4_1:
             raise UserError(f"{gguf_path}: {t.name} is {t.tensor_type.name}, not Q4_1")
-        raw = np.asarray(t.data).reshape(t.data.shape[0], -1, 20)  # [O, I/32, 20]
-        d = torch.from_numpy(raw[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32))
-        m = torch.from_numpy(raw[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+        raw = torch.from_numpy(np.asarray(t.data).copy())  # [O, I/32 * 20]
+        _, grid = unpack(q4_1, raw, raw.shape[1] // q4_1.type_size * q4_1.block)
+        d, m = grid.a, grid.b
         if parts[2] in ("attn_q", "attn_k"):
             h = heads if parts[2] == "attn_q" else kv_heads
             d, m = unpermute_rows(d, h), unpermute_rows(m, h)

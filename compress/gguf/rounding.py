@@ -41,10 +41,10 @@ def tiles(w: torch.Tensor) -> list[slice]:
     return [slice(r0, r0 + rows) for r0 in range(0, w.shape[0], rows)]
 
 
-def weight_only(kind: str, w: torch.Tensor, importance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def weight_only(kind: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(bytes uint8 [O, nbytes], weight fp32 [O, I]) of w [O, I] (any float dtype) rounded to nearest on our searched
-    grid; ``importance`` [I]: E[x_i^2] of the inputs, weighting each column's error. Rows are searched a tile at a
-    time (an 8B model's 128k-row embedding is never widened whole), the tiles side by side."""
+    grid (no calibration: every column weighs the same). Rows are searched a tile at a time (an 8B model's 128k-row
+    embedding is never widened whole), the tiles side by side."""
     if kind in ("F16", "F32"):
         return unquantized(kind, w)
     t = TYPES[kind]
@@ -53,7 +53,7 @@ def weight_only(kind: str, w: torch.Tensor, importance: torch.Tensor | None = No
 
     def job(rows: slice) -> None:
         x = w[rows].float()  # [R, I]
-        grid = search_grid(t, x, importance)
+        grid = search_grid(t, x)
         codes = nearest_codes(t, x, grid)
         raw[rows], out[rows] = pack(t, codes, grid), weight_of(kind, codes, grid)
 
