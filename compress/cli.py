@@ -178,9 +178,11 @@ NUM_SPECULATIVE_TOKENS = click.option("--num-speculative-tokens", type=int, defa
                                       help="draft tokens verified per step (with --draft)")
 CPU_LM_HEAD = click.option("--cpu-lm-head", type=click.Choice(["auto", "stored", "int8"]), default="auto", show_default=True,
                            help="CPU: int8 holds the lm_head as int8 per row, a quarter of fp32's bytes; auto: int8 where an "
-                                "untied fp32 lm_head would take over 10%% of the free memory (docs/runtime.md)")
-CPU_INT8_ACTIVATIONS = click.option("--cpu-int8-activations", is_flag=True,
-                                    help="CPU: int4 Linears round their inputs to int8 per 32 and use integer dot products")
+                                "untied fp32 lm_head would take over 10%% of the free memory, or a GGUF read keeping its "
+                                "codes stores it quantized (docs/runtime.md)")
+CPU_INT8_ACTIVATIONS = click.option("--cpu-int8-activations/--no-cpu-int8-activations", default=None,
+                                    help="CPU: int4 Linears round their inputs to int8 per 32 and use integer dot products "
+                                         "[default: only for a GGUF file read keeping its codes, as llama.cpp computes it]")
 DRAFT_VOCAB = click.option("--draft-vocab", type=int, default=None,
                            help="the draft model scores only token ids below this (a cheaper output layer) [default: all]")
 

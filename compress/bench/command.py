@@ -56,7 +56,7 @@ class BenchConfig:
     temperature: float = 0.0  # speculative bench: 0 greedy (outputs must equal the target's), else seeded sampling
     llamacpp: Path | None = None  # instead of the workloads: batch-1 decode of llama.cpp on this GGUF against MODEL
     cpu_lm_head: str = "stored"  # EngineConfig's CPU options, for every engine of the run
-    cpu_int8_activations: bool = False
+    cpu_int8_activations: bool | None = None
 
     def __post_init__(self):
         if self.workload not in WORKLOADS:

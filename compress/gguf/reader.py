@@ -16,6 +16,7 @@ import torch
 
 from compress.errors import UserError
 from compress.gguf.family import family, gguf_names, role, unpermute_rows
+from compress.manifest import write_manifest
 from compress.model import load
 from compress.model.decoder import Decoder
 from compress.quant import packing
@@ -65,16 +66,27 @@ def q4_0_linears(gguf_path: Path, model: Decoder) -> dict[tuple[int, str], Packe
     return found
 
 
+def output_type(gguf_path: Path) -> str:
+    """The GGUF type of the file's output layer (the token embedding's where the file ties them)."""
+    from gguf import GGUFReader
+
+    types = {t.name: t.tensor_type.name for t in GGUFReader(str(gguf_path)).tensors}
+    return types.get("output.weight", types["token_embd.weight"])
+
+
 def convert(gguf_path: Path, out_dir: Path) -> None:
     """The GGUF as an HF directory under ``out_dir``: int4 compressed-tensors with the file's codes where every decoder
-    Linear is Q4_0, else fp32 (load.convert_gguf)."""
+    Linear is Q4_0, else fp32 (load.convert_gguf). The first carries compress.json's "gguf" entry: the engine then
+    computes as llama.cpp does by default (int8 activations; the lm_head as int8 rows where the file's is quantized)."""
     model = load.gguf_decoder(gguf_path)
     linears = q4_0_linears(gguf_path, model)
     if linears is None:
         load.save_decoder(model, out_dir)
-    else:
-        for (i, n), packed in linears.items():
-            parent, _, leaf = n.rpartition(".")
-            setattr(model.model.layers[i].get_submodule(parent), leaf, packed)
-        write_quantized(model, Q4_0, out_dir, None, dtype=torch.float32)
+        load.save_gguf_tokenizer(gguf_path, out_dir)
+        return
+    for (i, n), packed in linears.items():
+        parent, _, leaf = n.rpartition(".")
+        setattr(model.model.layers[i].get_submodule(parent), leaf, packed)
+    write_quantized(model, Q4_0, out_dir, None, dtype=torch.float32)
     load.save_gguf_tokenizer(gguf_path, out_dir)
+    write_manifest(out_dir, gguf={"file": gguf_path.name, "linears": "Q4_0", "output": output_type(gguf_path)})

@@ -14,6 +14,9 @@ LM_HEADS = (AUTO, "stored", "int8")  # CPU: the lm_head as the checkpoint stores
 # "auto": int8 for an untied lm_head whose fp32 copy would take more than this share of the available memory
 # (Qwen3's and Gemma's large vocabularies on a laptop), else as stored. A tied one is the embedding's table: kept.
 LM_HEAD_SHARE = 0.1
+# A GGUF read keeping its codes (compress.json "gguf"): llama.cpp computes its quantized types on 8-bit activations
+# and reads a quantized output layer, so "auto" does the same there (int8 activations, int8 lm_head rows).
+UNQUANTIZED_GGUF = ("F32", "F16", "BF16")
 
 
 @dataclass
@@ -30,7 +33,8 @@ class EngineConfig:
     num_speculative_tokens: int = 4  # draft tokens per step when the engine has a draft model
     draft_vocab: int | None = None  # the draft proposes only token ids below this (None: all)
     cpu_lm_head: str = AUTO  # CPU: "int8" holds the lm_head as int8 per row (a quarter of fp32's bytes); see LM_HEAD_SHARE
-    cpu_int8_activations: bool = False  # CPU: int4 Linears round their inputs to int8 (integer dot products)
+    cpu_int8_activations: bool | None = None  # CPU: int4 Linears round their inputs to int8 (integer dot products);
+    # None: only for a GGUF read keeping its codes
 
     def __post_init__(self):
         for name in ("max_num_seqs", "max_num_batched_tokens", "block_size", "num_speculative_tokens"):
@@ -53,16 +57,20 @@ class EngineConfig:
         if self.device.startswith("cuda") and not torch.cuda.is_available():
             raise UserError(f"device {self.device} requested but CUDA is not available")
 
-    def resolved(self, stored: torch.dtype, lm_head_numel: int = 0, tied: bool = True) -> "EngineConfig":
-        """This config with dtype and cpu_lm_head "auto" made concrete for a checkpoint stored as ``stored`` whose
-        lm_head has ``lm_head_numel`` weights (``tied``: it is the embedding's table)."""
-        out = self
+    def resolved(self, stored: torch.dtype, lm_head_numel: int = 0, tied: bool = True, gguf: dict | None = None) -> "EngineConfig":
+        """This config with dtype, cpu_lm_head "auto" and cpu_int8_activations None made concrete for a checkpoint stored
+        as ``stored`` whose lm_head has ``lm_head_numel`` weights (``tied``: it is the embedding's table); ``gguf``: its
+        compress.json "gguf" entry where it is a GGUF read keeping its codes (reader.convert)."""
+        out, cpu = self, self.device.startswith("cpu")
         if self.dtype == AUTO:
             name = dtype_name(stored)
             out = replace(out, dtype=name if self.device.startswith("cuda") and name in DTYPES else "float32")
         if self.cpu_lm_head == AUTO:
-            big = not tied and self.device.startswith("cpu") and lm_head_numel * 4 > LM_HEAD_SHARE * psutil.virtual_memory().available
-            out = replace(out, cpu_lm_head="int8" if big else "stored")
+            big = not tied and cpu and lm_head_numel * 4 > LM_HEAD_SHARE * psutil.virtual_memory().available
+            quantized_head = cpu and gguf is not None and gguf.get("output") not in UNQUANTIZED_GGUF
+            out = replace(out, cpu_lm_head="int8" if big or quantized_head else "stored")
+        if self.cpu_int8_activations is None:
+            out = replace(out, cpu_int8_activations=cpu and gguf is not None)
         return out
 
     @property

@@ -10,6 +10,7 @@ from compress.errors import UserError
 from compress.kernels import int8_rows_cpu
 from compress.model.config import ModelConfig
 from compress.model.load import read_config
+from compress.manifest import read_manifest
 from compress.models import check_tokenizer, checkpoint_dtype, load_model, load_tokenizer, resolve
 from compress.runtime.block_manager import BlockManager
 from compress.runtime.config import EngineConfig
@@ -53,7 +54,8 @@ class LLM:
             except UserError as e:
                 raise UserError(f"draft: {e}") from None
         cfg = ModelConfig.from_hf(read_config(model_dir))
-        self.config = self.config.resolved(checkpoint_dtype(model_dir), cfg.vocab_size * cfg.hidden_size, cfg.tie_word_embeddings)
+        gguf = (read_manifest(model_dir) or {}).get("gguf")  # a GGUF read keeping its codes: computed as llama.cpp does
+        self.config = self.config.resolved(checkpoint_dtype(model_dir), cfg.vocab_size * cfg.hidden_size, cfg.tie_word_embeddings, gguf)
         self.tokenizer = load_tokenizer(model_dir)
         # read as stored and made int8 row by row (never widened whole), where the int8 kernel builds
         int8_head = ("lm_head",) if self.config.cpu_lm_head == "int8" and int8_rows_cpu.load() is not None else ()

@@ -6,6 +6,7 @@ import numpy as np
 import torch
 
 from compress import models
+from compress.manifest import read_manifest
 from compress.gguf.family import permute_rows, unpermute_rows
 from compress.model.load import convert_gguf, open_decoder
 from compress.models import load_model
@@ -39,6 +40,8 @@ def test_q4_0_file_reads_back_as_int4_with_the_files_own_weights(tmp_path, monke
             assert isinstance(packed, PackedLinear) and packed.spec.group_size == 32
             want = stored[f"blk.{i}.{gguf_name}.weight"].reshape(packed.out_features, packed.in_features)
             assert torch.equal(packed.dequantized(), unpermute_rows(want, heads) if heads else want)
+    # the output layer (the tied embedding) as llama.cpp's Q4_0 rule types it: what the engine's defaults follow
+    assert read_manifest(back)["gguf"] == {"file": "m.gguf", "linears": "Q4_0", "output": "Q6_K"}
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
     convert_gguf(path, dequantized)  # transformers' reading of the same file, every tensor fp32
@@ -51,5 +54,5 @@ def test_other_types_read_back_dequantized(tmp_path, monkeypatch, smollm2_dir):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
     src = source(tmp_path, "qwen2", smollm2_dir)
     back = models.resolve(str(write(src, tmp_path / "m.gguf", gguf_type="Q4_1")))
-    assert not models.is_quantized(back)
+    assert not models.is_quantized(back) and read_manifest(back) is None  # the engine's defaults as for any fp32 model
     assert open_decoder(back).cfg.model_type == "qwen2"

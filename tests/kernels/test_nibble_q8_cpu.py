@@ -23,7 +23,7 @@ def emulated(x, codes, scale, zero, bits, bias=None):
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 13])  # whole and partial 4-row tiles
 @pytest.mark.parametrize("out_features", [36, 29])  # whole 4- and 2-row tiles, and a ragged last one
-@pytest.mark.parametrize("group", [64, 128])
+@pytest.mark.parametrize("group", [32, 64, 128])  # 32: a different scale in each half of a load
 def test_matches_the_emulation_in_each_build(isa, rows, out_features, group):
     codes, scale, zero = random_weight(out_features, 256, group, 4, seed=rows)
     x, b = torch.randn(rows, 1, 256), torch.randn(out_features)
@@ -51,7 +51,9 @@ def test_isa_names_the_dot_product():
 
 def test_shapes_it_cannot_run_are_refused():
     codes, scale, zero = random_weight(8, 96, 32, 4, seed=0)
-    packed = nibbles.pack(codes, scale, zero)  # groups of 32: the fp32 kernel runs them, this one does not
+    packed = nibbles.pack(codes, scale, zero)  # 96 inputs: not whole loads of 64; the fp32 kernel runs them
     assert not kernel.supports(packed[1], 96)
-    with pytest.raises(ValueError, match="multiples of 64"):
+    with pytest.raises(ValueError, match="a multiple of 64"):
         kernel.linear(torch.randn(1, 96), packed)
+    codes, scale, zero = random_weight(8, 192, 96, 4, seed=0)  # groups of 96 straddle the loads
+    assert not kernel.supports(nibbles.pack(codes, scale, zero)[1], 192)

@@ -38,3 +38,19 @@ def test_auto_int8_head_is_read_as_stored_and_decodes_like_explicit_int8(tmp_pat
     prompt = list(range(100, 120))
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
     assert auto.generate([prompt], greedy)[0].token_ids == explicit.generate([prompt], greedy)[0].token_ids
+
+
+@pytest.mark.parametrize("gguf,head,int8_activations", [
+    ({"linears": "Q4_0", "output": "Q6_K"}, "int8", True),  # llama.cpp's arithmetic on that file
+    ({"linears": "Q4_0", "output": "F16"}, "stored", True),  # an unquantized output layer stays as stored
+    (None, "stored", False),  # any other checkpoint: as before
+])
+def test_auto_computes_a_gguf_read_keeping_codes_as_llama_cpp_does(gguf, head, int8_activations):
+    got = EngineConfig(device="cpu").resolved(torch.float32, 10**6, True, gguf)
+    assert (got.cpu_lm_head, got.cpu_int8_activations) == (head, int8_activations)
+
+
+def test_explicit_choices_override_the_gguf_defaults():
+    gguf = {"linears": "Q4_0", "output": "Q6_K"}
+    got = EngineConfig(device="cpu", cpu_lm_head="stored", cpu_int8_activations=False).resolved(torch.float32, 10**6, True, gguf)
+    assert (got.cpu_lm_head, got.cpu_int8_activations) == ("stored", False)
