@@ -104,7 +104,7 @@ static inline __m256i block_dot(__m256i lo, __m256i hi, const signed char *xi) {
 static inline __attribute__((always_inline)) void qtile(const signed char *xi, const float *d, const float *sums,
         const unsigned char *q, const float *sc, const float *of, float *y, int I, int G, int gs, int ys,
         const int rm, const int rn) {
-    __m256 acc[QRM][QRN];
+    __m256 acc[QRM][4];
     const __m256i low = _mm256_set1_epi8(15);
     const int P = I / 64;
     for (int r = 0; r < rm; r++)
@@ -142,7 +142,7 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
         }
 }
 
-#define QCASE(a, b) case a * 8 + b: if (a <= QRM && b <= QRN) qtile(xi, d, sums, q, sc, of, y, I, G, gs, ys, a, b); break;
+#define QCASE(a, b) case a * 8 + b: if (a <= QRM && (b <= QRN || a == 1)) qtile(xi, d, sums, q, sc, of, y, I, G, gs, ys, a, b); break;
 #define QCASES(a) QCASE(a, 1) QCASE(a, 2) QCASE(a, 3) QCASE(a, 4)
 static void any_qtile(const signed char *xi, const float *d, const float *sums, const unsigned char *q, const float *sc,
                       const float *of, float *y, int I, int G, int gs, int ys, int rm, int rn) {
@@ -152,7 +152,8 @@ static void any_qtile(const signed char *xi, const float *d, const float *sums, 
 /* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 32; 1 where a buffer could not be allocated. */
 int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
            int M, int O, int I, int G, int threads) {
-    const int gs = I / G, P = I / 64, blocks = (O + QRN - 1) / QRN;
+    /* one row of x (decode) leaves registers for 4 rows of W a tile on AVX2 too */
+    const int rnm = M == 1 ? 4 : QRN, gs = I / G, P = I / 64, blocks = (O + rnm - 1) / rnm;
     signed char *xi = malloc((size_t)M * I);
     float *d = malloc(sizeof(float) * ((size_t)M * P * 8 + (size_t)M * G));
     if (!xi || !d) { free(xi); free(d); return 1; }
@@ -162,14 +163,14 @@ int linear(const float *x, const unsigned char *q, const float *sc, const float 
     if (threads > blocks) threads = blocks;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++) {
-        const int o0 = (int)((long)blocks * t / threads) * QRN;
-        int o1 = (int)((long)blocks * (t + 1) / threads) * QRN;
+        const int o0 = (int)((long)blocks * t / threads) * rnm;
+        int o1 = (int)((long)blocks * (t + 1) / threads) * rnm;
         if (o1 > O) o1 = O;
         for (int m = 0; m < M; m += QRM)
-            for (int o = o0; o < o1; o += QRN)
+            for (int o = o0; o < o1; o += rnm)
                 any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)o * (I / 2),
                           sc + (size_t)o * G, of + (size_t)o * G, y + (size_t)m * O + o, I, G, gs, O,
-                          M - m < QRM ? M - m : QRM, o1 - o < QRN ? o1 - o : QRN);
+                          M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm);
     }
     free(xi);
     free(d);

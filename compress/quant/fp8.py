@@ -29,10 +29,23 @@ def to_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return (x.float() / scale.float()).clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
 
 
-def quantize_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """[O, I] float -> (float8_e4m3fn [O, I], scale [O, 1] in w's dtype) with scale = absmax / 448."""
-    scale = (w.float().abs().amax(-1, keepdim=True) / FP8_MAX).clamp(min=1e-12).to(w.dtype)  # [O, 1]
+def channel_scale(w: torch.Tensor, factor: float = 1.0) -> torch.Tensor:
+    """Scale [O, 1] in w's dtype for w [O, I]: absmax / 448 of each row, times ``factor`` (below 1: the row's
+    largest weights saturate at +-448, and the grid's steps fall elsewhere on the rest)."""
+    return (w.float().abs().amax(-1, keepdim=True) * factor / FP8_MAX).clamp(min=1e-12).to(w.dtype)
+
+
+def quantize_weight(w: torch.Tensor, scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """[O, I] float -> (float8_e4m3fn [O, I], scale [O, 1] in w's dtype) by nearest rounding; scale = absmax / 448
+    unless given."""
+    scale = channel_scale(w) if scale is None else scale  # [O, 1]
     return to_e4m3(w, scale), scale
+
+
+def snap(target: torch.Tensor, scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the nearest e4m3 value of target / scale, that value times scale), fp32 like target and scale (same shape)."""
+    q = to_e4m3(target, scale).float()
+    return q, q * scale
 
 
 def input_scale(absmax: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -15,6 +15,8 @@ of H^-1 (which is L^-T), summed in another order. Columns go in blocks: the targ
 the errors of all earlier blocks in one matmul, then the columns of the block feed each other.
 """
 
+from collections.abc import Callable
+
 import torch
 
 from compress.quant.primitives import IntSpec
@@ -82,40 +84,64 @@ def prepare(h: torch.Tensor, damp: float = DAMP, act_order: bool = True) -> tupl
     return order, feedback(h, order, damp)
 
 
+Snap = Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (a column's index in W, its target [O] fp32) -> (what is stored for it [O], the value that stands for [O]), both fp32
+
+
+@torch.no_grad()
+def error_feedback(w: torch.Tensor, h: torch.Tensor, snap: Snap, prepared: tuple[torch.Tensor, torch.Tensor] | None = None,
+                   damp: float = DAMP, block: int = BLOCK, act_order: bool = True) -> torch.Tensor:
+    """What ``snap`` stores for each weight of w [O, I] (fp32 [O, I]), the columns rounded by GPTQ given the inputs'
+    H [I, I]: ``snap`` rounds one column's target to its grid, whatever the grid (integer codes, e4m3 values).
+    ``prepared``: ``prepare(h, damp, act_order)`` where it was computed already.
+
+    ``act_order``: round the columns with the largest input energy (H's diagonal) first, while the most
+    columns are left to absorb their error (GPTQ's "desc_act"); each column keeps the grid of its own index,
+    so the stored format does not change.
+    """
+    perm, fb = prepared or prepare(h, damp, act_order)  # [I], [I, I]
+    cols = perm.tolist()
+    # W's columns become rows, in rounding order, so that each one is contiguous.
+    q = _rounded(w.float().T.contiguous()[perm], fb, lambda i, target: snap(cols[i], target), block)  # [I, O]
+    out = torch.empty_like(q)
+    out[perm] = q
+    return out.T
+
+
 @torch.no_grad()
 def gptq_codes(w: torch.Tensor, h: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, spec: IntSpec,
                prepared: tuple[torch.Tensor, torch.Tensor] | None = None, damp: float = DAMP, block: int = BLOCK,
                act_order: bool = True) -> torch.Tensor:
-    """uint8 codes [O, I] for w [O, I] on the grid (scale, zero) [O, G], given its inputs' H [I, I];
-    ``prepared``: ``prepare(h, damp, act_order)`` where it was computed already.
-
-    ``act_order``: round the columns with the largest input energy (H's diagonal) first, while the most
-    columns are left to absorb their error (GPTQ's "desc_act"); the grids stay per group of the original
-    column order ("static groups"), so the stored format does not change.
-    """
-    perm, fb = prepared or prepare(h, damp, act_order)  # [I], [I, I]
-    # W's columns become rows, in rounding order, so that each one is contiguous.
+    """uint8 codes [O, I] for w [O, I] on the grid (scale, zero) [O, G], given its inputs' H [I, I]: ``error_feedback``
+    on fixed integer grids. With act-order the grids stay per group of the original column order ("static groups")."""
     # A scale that underflowed to 0 (fp16) dequantizes to 0 whatever the code; the clamp only avoids 0/0.
     s = scale.float().clamp(min=torch.finfo(torch.float32).tiny).T.contiguous()  # [G, O]
-    grids = (perm // spec.group_size).tolist()  # [I]: each column's group, in rounding order
-    q = _codes(w.float().T.contiguous()[perm], fb, s, zero.float().T.contiguous(), grids, spec, block)
-    codes = torch.empty(w.shape[::-1], dtype=torch.uint8, device=w.device)  # [I, O]
-    codes[perm] = q.to(torch.uint8)
-    return codes.T.contiguous()
+    z = zero.float().T.contiguous()  # [G, O]
+
+    def snap(j: int, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        g = j // spec.group_size
+        return _int_snap(target, s[g], z[g], spec.qmax)
+
+    return error_feedback(w, h, snap, prepared, damp, block, act_order).to(torch.uint8).contiguous()
 
 
-def _codes(wt: torch.Tensor, fb: torch.Tensor, s: torch.Tensor, z: torch.Tensor, grids: list[int], spec: IntSpec,
-           block: int) -> torch.Tensor:
-    """Codes q [I, O] (fp32) by GPTQ over the rows of wt [I, O] (W's columns) in order, with the feedback fb [I, I];
-    row i is on the grid (s, z)[grids[i]] of [G, O]."""
-    q, err = torch.empty_like(wt), torch.empty_like(wt)  # [I, O]: codes, and w - (q - z) s
+def _int_snap(target: torch.Tensor, s: torch.Tensor, z: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(codes, (codes - z) s) [O] of target [O] on the grid (s, z) [O]."""
+    q = torch.div(target, s).round_().add_(z).clamp_(0, qmax)
+    return q, (q - z) * s
+
+
+def _rounded(wt: torch.Tensor, fb: torch.Tensor, snap: Callable[[int, torch.Tensor], tuple[torch.Tensor, torch.Tensor]],
+             block: int) -> torch.Tensor:
+    """What ``snap(i, target)`` stores [I, O] (fp32), by GPTQ over the rows of wt [I, O] (W's columns) in order,
+    with the feedback fb [I, I]."""
+    q, err = torch.empty_like(wt), torch.empty_like(wt)  # [I, O]: stored, and w - its value
     n = wt.shape[0]
     for b0 in range(0, n, block):
         b1 = min(b0 + block, n)
         target = torch.addmm(wt[b0:b1], fb[b0:b1, :b0], err[:b0])  # [b, O]: with the earlier blocks' errors
         for i in range(b0, b1):
-            si, zi = s[grids[i]], z[grids[i]]  # [O]
-            torch.div(target[i - b0], si, out=q[i]).round_().add_(zi).clamp_(0, spec.qmax)
-            torch.addcmul(wt[i], q[i] - zi, si, value=-1, out=err[i])
+            q[i], value = snap(i, target[i - b0])
+            torch.sub(wt[i], value, out=err[i])
             target[i - b0 + 1 :].addr_(fb[i + 1 : b1, i], err[i])  # this column's error, to the rest of the block
     return q
