@@ -73,7 +73,10 @@ static void quantize_row(const float *x, signed char *xi, float *d, float *sums,
     for (int c = 0; c < I / 32; c++) {
         const float *xc = x + 32 * c;
         float amax = 0.f;
-        for (int k = 0; k < 32; k++) amax = fmaxf(amax, fabsf(xc[k]));
+        for (int k = 0; k < 32; k++) {  /* a compare, not fmaxf: that was a libm call per input (its NaN rule) */
+            const float a = fabsf(xc[k]);
+            amax = a > amax ? a : amax;
+        }
         const float step = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
         for (int l = 0; l < 4; l++) d[(c / 2) * 8 + (c % 2) * 4 + l] = step;
         /* chunk c of its block: low nibbles at bytes 16 (c % 2) + j, high ones 32 further */

@@ -12,10 +12,11 @@ from compress.model.decoder import Decoder
 from compress.quant.awq_apply import awq_quantize
 from compress.quant.config import INT_METHODS, QuantConfig
 from compress.quant.fp8 import Fp8Spec
+from compress.quant.fp8_apply import fp8_quantize
 from compress.quant.int8 import Int8Spec
 from compress.quant.moe_calib import RoutedTokens
 from compress.quant.primitives import DEFAULT_GROUP_SIZES, IntSpec, default_group_size
-from compress.quant.static_apply import fp8_quantize, int8_quantize
+from compress.quant.static_apply import int8_quantize
 # The swap helpers live in swap.py so that the methods import them one way.
 from compress.quant.swap import Spec, each_block, quantize_block, quantized_linears
 
@@ -69,8 +70,11 @@ def quantize(model: Decoder, cfg: QuantConfig, calib: torch.Tensor | None = None
     called as each block is finished (streaming export); a lazy model's block is released after it. ``routed``
     counts the tokens each expert's router chose in calibration (moe_calib.py)."""
     spec = method_spec(model, cfg)
-    if cfg.method in ("int8", "fp8"):
-        (int8_quantize if cfg.method == "int8" else fp8_quantize)(model, spec, calib, done, routed)
+    if cfg.method == "int8":
+        int8_quantize(model, spec, calib, done, routed)
+        return spec
+    if cfg.method == "fp8":
+        fp8_quantize(model, spec, calib, cfg.gptq, done, routed)
         return spec
     if cfg.method == "rtn":
         each_block(model, lambda block: quantize_block(block, spec), f"RTN int{spec.bits}", done)

@@ -9,7 +9,8 @@ INT_METHODS = ("awq", "rtn")  # group-quantized int4/int3
 OUTLIER_THRESHOLD = 6.0  # LLM.int8's |x| threshold
 SMOOTH_ALPHA = 0.7  # int8: SmoothQuant migration strength on the norm-fed Linears (docs/formats.md)
 FORMATS = ("compressed-tensors", "awq", "gguf")
-ROUNDINGS = ("gptq", "nearest")  # awq: how the codes are chosen on the searched grids; the first is the default
+ROUNDINGS = ("gptq", "nearest")  # awq, fp8: how each weight is put on its grid; the first is the default
+ROUNDED_METHODS = ("awq", "fp8")  # the methods --rounding applies to
 DTYPES = ("float32", "bfloat16", "float16")  # what unquantized tensors and scales are stored as
 
 
@@ -26,7 +27,7 @@ class QuantConfig:
     seed: int = 0
     grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}; range shrinks in steps of 1/grid
     clip_search: bool = True  # AWQ: search each group's grid (range and scale) after scaling
-    rounding: str | None = None  # AWQ: "gptq" (error feedback; None means this for awq) or "nearest" (the paper's)
+    rounding: str | None = None  # awq, fp8: "gptq" (error feedback; None means this) or "nearest" (the paper's, the old fp8)
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
     search_sequences: int = 8
@@ -65,9 +66,9 @@ class QuantConfig:
             raise UserError(f"grid must be at least 1, got {self.grid}")
         if self.rounding is not None and self.rounding not in ROUNDINGS:
             raise UserError(f"--rounding {self.rounding} is not one of {', '.join(ROUNDINGS)}")
-        if self.rounding is not None and self.method != "awq":
-            raise UserError(f"--rounding applies to --method awq, not {self.method}")
-        if self.method == "awq" and self.rounding is None:
+        if self.rounding is not None and self.method not in ROUNDED_METHODS:
+            raise UserError(f"--rounding applies to --method awq and fp8, not {self.method}")
+        if self.method in ROUNDED_METHODS and self.rounding is None:
             self.rounding = ROUNDINGS[0]
         self._check_int8_fp8()
         self._check_gguf()
@@ -124,7 +125,7 @@ class QuantConfig:
 
     @property
     def gptq(self) -> bool:
-        """Whether AWQ chooses its codes by GPTQ's error feedback rather than nearest rounding."""
+        """Whether AWQ's codes or fp8's e4m3 values are chosen by GPTQ's error feedback rather than nearest rounding."""
         return self.rounding == "gptq"
 
     @property
@@ -134,5 +135,5 @@ class QuantConfig:
         if self.method == "int8":
             return self.outlier_topk != 0 or self.smooth_alpha > 0
         if self.method == "fp8":
-            return self.static_activations
+            return self.static_activations or self.gptq  # GPTQ needs each Linear's input second moments
         return self.method == "awq"

@@ -1,8 +1,8 @@
-"""Apply the methods calibrated by a statistic: int8 with outlier split, and fp8.
+"""Apply int8 with outlier split, the method calibrated by one statistic (fp8 is applied in fp8_apply.py).
 
-Their calibration is one number per input dim of every Linear (max |x| over the calibration
+Its calibration is one number per input dim of every Linear (max |x| over the calibration
 set), recorded block by block like AWQ's: each block sees the outputs of the already
-quantized blocks before it. int8.py and fp8.py compute from the statistics; the model changes here.
+quantized blocks before it. int8.py computes from the statistics; the model changes here.
 """
 
 from collections.abc import Callable
@@ -15,9 +15,8 @@ from compress.calib import BlockDone, block_inputs, blocks, compute_device, reco
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.awq_apply import fold_scales
-from compress.quant.fp8 import Fp8Spec, input_scale
 from compress.quant.int8 import Int8Spec, outlier_dims
-from compress.quant.linear import Fp8Linear, Int8OutlierLinear
+from compress.quant.linear import Int8OutlierLinear
 from compress.quant.moe_calib import RoutedTokens, all_experts
 from compress.quant.smooth import smooth_scales
 from compress.quant.swap import each_block, swap_linears
@@ -84,15 +83,3 @@ def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None, do
 
     return calibrated_swap(model, calib, make, "int8 outliers", smooth, done, routed)
 
-
-def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None, done: BlockDone | None = None,
-                 routed: RoutedTokens | None = None) -> dict[str, torch.Tensor]:
-    """Fp8Linear everywhere; with static activations the input scales come from ``calib``."""
-    if not spec.static_activations:
-        each_block(model, lambda block: swap_linears(block, lambda _, lin: Fp8Linear.from_float(lin)), "fp8", done)
-        return {}
-
-    def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Fp8Linear:
-        return Fp8Linear.from_float(lin, input_scale(absmax, lin.weight.dtype))
-
-    return calibrated_swap(model, calib, make, "fp8 input scales", done=done, routed=routed)

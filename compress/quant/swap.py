@@ -1,6 +1,6 @@
 """Which Linears quantization replaces, and the in-place swap of one decoder block's Linears.
 
-The methods (apply.py, awq_apply.py, static_apply.py) and the formats (export.py, awq_format.py)
+The methods (apply.py, awq_apply.py, static_apply.py, fp8_apply.py) and the formats (export.py, awq_format.py)
 all import from here; nothing here imports them, so the quant modules import one way.
 """
 

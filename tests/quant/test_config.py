@@ -31,11 +31,13 @@ def test_calibration_only_when_a_statistic_is_needed():
     assert QuantConfig(method="int8").needs_calibration
     assert QuantConfig(method="int8", outlier_topk=0).needs_calibration  # smoothing needs the statistics
     assert not QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0).needs_calibration
-    assert not QuantConfig(method="fp8").needs_calibration
-    assert QuantConfig(method="fp8", static_activations=True).needs_calibration
+    assert QuantConfig(method="fp8").needs_calibration  # GPTQ rounding needs the inputs' second moments
+    assert not QuantConfig(method="fp8", rounding="nearest").needs_calibration
+    assert QuantConfig(method="fp8", rounding="nearest", static_activations=True).needs_calibration
 
 
-def test_awq_rounds_by_gptq_unless_asked_for_nearest():
-    assert QuantConfig(method="awq").rounding == "gptq" and QuantConfig(method="awq").gptq
-    assert not QuantConfig(method="awq", rounding="nearest").gptq
+@pytest.mark.parametrize("method", ["awq", "fp8"])
+def test_rounds_by_gptq_unless_asked_for_nearest(method):
+    assert QuantConfig(method=method).rounding == "gptq" and QuantConfig(method=method).gptq
+    assert not QuantConfig(method=method, rounding="nearest").gptq
     assert QuantConfig(method="rtn").rounding is None and not QuantConfig(method="rtn").gptq

@@ -1,13 +1,15 @@
-"""fp8 e4m3: rounding bit for bit against the e4m3 grid, export, reload, and transformers."""
+"""fp8 e4m3: rounding bit for bit against the e4m3 grid, GPTQ's rounding on it, export, reload, and transformers."""
 
 import pytest
 import torch
 
 from compress.kernels.reference import quantize_fp8
 from compress.models import load_model
+from compress.errors import UserError
 from compress.quant import fp8
 from compress.quant.apply import quantize
 from compress.quant.config import QuantConfig
+from compress.quant.fp8_gptq import FACTORS, fp8_gptq, gptq_rows, output_error
 from compress.quant.export import write_quantized
 from compress.quant.linear import Fp8Linear
 from tests.conftest import save_hf, tiny_hf
@@ -58,11 +60,45 @@ def test_dynamic_matmul_quantizes_each_token():
         assert torch.allclose(m(x), ref, rtol=1e-5, atol=1e-6)
 
 
-def quantized_tiny(tmp_path, static: bool):
+def correlated_hessian(dim: int, seed: int = 0) -> torch.Tensor:
+    """E[x x^T] [dim, dim] of inputs whose channels share most of their variance."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(4096, dim, generator=g) @ (torch.randn(dim, dim, generator=g) / dim**0.5 + torch.eye(dim))
+    return x.T @ x / x.shape[0]
+
+
+def test_gptq_stores_e4m3_numbers_times_a_candidate_scale():
+    w, h = torch.randn(24, 48, generator=torch.Generator().manual_seed(1)), correlated_hessian(48)
+    values = gptq_rows(w, h, fp8.channel_scale(w, FACTORS[-1]))  # [O, I] fp32, as GPTQ computed them
+    assert torch.equal(values.to(torch.float8_e4m3fn).float(), values)  # exact e4m3 numbers...
+    assert values.abs().max() == 448  # ...and a factor below 1 saturates some
+    q, scale = fp8_gptq(w, h)
+    candidates = torch.cat([fp8.channel_scale(w, f) for f in (1.0, *FACTORS)], 1)  # [O, K]
+    assert q.dtype == torch.float8_e4m3fn and ((scale == candidates).sum(1) >= 1).all()
+
+
+def test_gptq_with_uncorrelated_inputs_is_nearest_rounding():
+    w = torch.randn(24, 48)
+    scale = fp8.channel_scale(w)
+    assert torch.equal(gptq_rows(w, torch.eye(48), scale), fp8.quantize_weight(w)[0].float())
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_gptq_output_error_is_well_below_nearest(seed):
+    w, h = torch.randn(64, 96, generator=torch.Generator().manual_seed(seed)), correlated_hessian(96, seed)
+    q, scale = fp8.quantize_weight(w)
+    nearest = output_error(w - q.float() * scale, h)  # [O]
+    q, scale = fp8_gptq(w, h)
+    ours = output_error(w - q.float() * scale, h)  # [O]
+    assert (ours <= nearest).all()  # nearest rounding is one of the candidates of every row
+    assert ours.sum() < 0.7 * nearest.sum()
+
+
+def quantized_tiny(tmp_path, static: bool, rounding: str | None = None):
     src = save_hf(tiny_hf("qwen2"), tmp_path / "src")  # qwen2: Linears with biases
     model = load_model(src)
-    calib = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0)) if static else None
-    spec = quantize(model, QuantConfig(method="fp8", static_activations=static), calib)
+    calib = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    spec = quantize(model, QuantConfig(method="fp8", static_activations=static, rounding=rounding), calib)
     out = tmp_path / "out"
     out.mkdir()
     write_quantized(model, spec, out, src)
@@ -96,3 +132,31 @@ def test_transformers_loads_fp8(tmp_path, static):
     with torch.no_grad():
         quant_error = (fp(ids) - ours).abs().max().item()
     assert (theirs - ours).abs().max().item() <= 1e-4 < quant_error  # they run fp8 activations too
+
+
+def test_nearest_rounding_gives_the_old_weights_bit_for_bit(tmp_path):
+    model, _ = quantized_tiny(tmp_path, False, "nearest")
+    fp = load_model(tmp_path / "src")
+    for name, m in model.named_modules():
+        if isinstance(m, Fp8Linear):
+            w = fp.get_submodule(name).weight.detach()
+            scale = w.abs().amax(1, keepdim=True) / 448  # the code before GPTQ rounding, written out
+            assert torch.equal(m.weight_scale, scale) and torch.equal(m.weight.view(torch.uint8), e4m3_codes(w / scale))
+
+
+def test_gptq_is_the_default_and_changes_the_weights(tmp_path):
+    model, _ = quantized_tiny(tmp_path, False)
+    nearest, _ = quantized_tiny(tmp_path / "n", False, "nearest")
+    fp = load_model(tmp_path / "src")
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"):
+        q, n = model.get_submodule(name), nearest.get_submodule(name)
+        assert (q.weight.view(torch.uint8) != n.weight.view(torch.uint8)).float().mean() > 0.1
+        w = fp.get_submodule(name).weight.detach()
+        candidates = torch.cat([fp8.channel_scale(w, f) for f in (1.0, *FACTORS)], 1)  # [O, K]
+        assert ((q.weight_scale == candidates).sum(1) >= 1).all()
+
+
+def test_gptq_without_calibration_says_so(tmp_path):
+    model = load_model(save_hf(tiny_hf("llama"), tmp_path / "src"))
+    with pytest.raises(UserError, match="needs calibration"):
+        quantize(model, QuantConfig(method="fp8"), None)
