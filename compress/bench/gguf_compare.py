@@ -46,7 +46,8 @@ def autoround(src: Path, tokenizer, out: Path, gguf_type: str, iters: int, nsamp
 
 
 def our_perplexity(path: Path, wins: torch.Tensor) -> float:
-    """Our engine's reading of the file: the GGUF input path (dequantized to fp32), streamed block by block."""
+    """Our engine's reading of the file (docs/gguf.md: an all-Q4_0 file keeps its codes, other types are
+    dequantized), streamed block by block with fp32 activations as `compress eval` runs it."""
     model = models.open_model(models.resolve(str(path)))
     return perplexity(model, wins.flatten(), PerplexityConfig(seq_len=wins.shape[1]), desc=f"compress {path.name}")
 
