@@ -24,7 +24,7 @@ demo: install
 
 # The unit tests plus the bounded set of real-model tests (marked slow) that CI runs.
 test: install
-	$(PYTHON) -m pytest -q tests
+	$(PYTHON) -m pytest -q --durations=25 tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q -m "not slow" tests
