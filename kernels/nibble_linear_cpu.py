@@ -212,12 +212,20 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> Packed
                          "do not describe one grouped weight")
     if (codes.shape[1] // scale.shape[1]) % CHUNK:
         raise ValueError(f"the group size ({codes.shape[1] // scale.shape[1]}) must be a multiple of {CHUNK}")
+    s = scale.float().contiguous()
+    return pack_offsets(codes, s, -zero.float() * s)
+
+
+def pack_offsets(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor) -> Packed:
+    """``pack`` for w = codes * scale + offset per group, offsets given (a GGUF's Q4_1 and Q4_K)."""
     if codes.dtype != torch.uint8 or int(codes.max()) > 15:
         raise ValueError("codes must be uint8 values below 16 (int4 or int3)")
+    if (codes.shape[1] // scale.shape[1]) % CHUNK or offset.shape != scale.shape:
+        raise ValueError(f"codes {list(codes.shape)}, scale {list(scale.shape)} and offset {list(offset.shape)} do not "
+                         f"describe one weight in groups of a multiple of {CHUNK}")
     chunks = codes.view(codes.shape[0], -1, 2, CHUNK // 2)  # [O, I/32, 2 halves, 16]
     nibbles = chunks[:, :, 0] | (chunks[:, :, 1] << 4)  # [O, I/32, 16]
-    s = scale.float().contiguous()
-    return nibbles.reshape(codes.shape[0], -1).contiguous(), s, (-zero.float() * s).contiguous()
+    return nibbles.reshape(codes.shape[0], -1).contiguous(), scale.float().contiguous(), offset.float().contiguous()
 
 
 def check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:

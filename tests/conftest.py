@@ -72,6 +72,23 @@ def tiny_dir(tmp_path_factory, smollm2_dir) -> Path:
     return save_hf(model, tmp_path_factory.mktemp("tiny") / "model", smollm2_dir)
 
 
+@pytest.fixture(scope="session")
+def q4_k_m_gguf(tmp_path_factory, smollm2_dir) -> tuple[Path, Path]:
+    """(a Q4_K_M GGUF of a 2-layer random Llama, its reading keeping the codes): hidden 288 is no multiple of Q4_K's
+    256, so q/k/v/o/gate/up fall back to Q5_0 and layer 1's attn_v to Q8_0 (llama.cpp's rule); ffn_down (512 inputs)
+    is Q4_K in layer 0 and Q6_K in layer 1: every type a Q4_K_M file holds."""
+    from compress.commands.quantize_gguf import run_quantize_gguf
+    from compress.gguf import reader
+    from compress.quant.config import QuantConfig
+
+    root = tmp_path_factory.mktemp("q4_k_m")
+    src = save_hf(tiny_hf("llama", vocab=49152, hidden_size=288, intermediate_size=512), root / "src", smollm2_dir)
+    path = run_quantize_gguf(str(src), QuantConfig(method="rtn", format="gguf", gguf_type="Q4_K_M"), str(root / "m.gguf"))
+    (root / "read").mkdir()
+    reader.convert(Path(path), root / "read")
+    return Path(path), root / "read"
+
+
 @pytest.fixture
 def fp_dir(tmp_path) -> Path:
     """A 2-layer random fp32 Llama (vocab 256, no tokenizer) saved as an HF checkpoint."""

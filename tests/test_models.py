@@ -7,7 +7,7 @@ from compress.gguf import reader
 def fake_convert(also_finished: bool):
     """A reader.convert that writes config.json; ``also_finished``: another process's result appears meanwhile."""
 
-    def convert(gguf, out_dir):
+    def convert(gguf, out_dir, keep_codes=True):
         (out_dir / "config.json").write_text("{\"ours\": true}")
         if also_finished:
             other = out_dir.parent / "m"

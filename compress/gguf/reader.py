@@ -1,12 +1,14 @@
-"""A GGUF file as a checkpoint our engine runs: Q4_0 Linears kept as their 4-bit codes, everything else dequantized.
+"""A GGUF file as a checkpoint our engine runs, its decoder Linears kept as their codes, everything else dequantized.
 
 llama.cpp's Q4_0 block is 32 weights w = d (q - 8), q in 0..15, with an fp16 d of either sign: exactly our int4
 grid at group size 32 with the scale |d| and the zero point 8 (d > 0) or 7 (d < 0, the codes read as 15 - q:
 gguf_blocks keeps every step positive), so a file whose decoder Linears are all Q4_0 becomes one of our int4
 compressed-tensors checkpoints holding the same codes and scales, and our 4-bit kernels then compute with the
-very numbers llama.cpp computes with. Any other mixture (Q4_1's and Q4_K's offsets are not a multiple of the
-step, Q6_K, Q8_0, F16) is dequantized to fp32 by transformers' reader as before. The embedding, norms and
-output layer are dequantized in both cases.
+very numbers llama.cpp computes with. A file mixing the types gguf_blocks reads (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0)
+becomes one of GgufLinear's: ggml's own codes, scales (and Q4_1/Q4_K's offsets) per Linear, unpacked to a byte a
+weight on disk; the CPU runtime holds the 4-bit ones as nibbles and the wider ones as bytes (runtime/cpu_linears.py).
+A file with any other Linear type (F16, F32, IQ*, Q2_K, ...) is dequantized to fp32 by transformers' reader. The
+embedding, norms and output layer are dequantized in every case.
 """
 
 from pathlib import Path
@@ -22,7 +24,7 @@ from compress.model.decoder import Decoder
 from compress.quant import packing
 from compress.quant.export import write_quantized
 from compress.quant.gguf_blocks import TYPES, unpack
-from compress.quant.linear import PackedLinear
+from compress.quant.linear import GgufLinear, GgufSpec, PackedLinear
 from compress.quant.primitives import IntSpec
 
 Q4_0 = IntSpec(4, 32)  # w = |d| (q - z), z in {7, 8}: Q4_0's block
@@ -45,9 +47,10 @@ def q4_0_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> PackedLin
     return new
 
 
-def q4_0_linears(gguf_path: Path, model: Decoder) -> dict[tuple[int, str], PackedLinear] | None:
-    """(layer, Linear name) -> PackedLinear for every decoder Linear when all of them are Q4_0 in the file, else None."""
-    from gguf import GGMLQuantizationType, GGUFReader
+def linear_tensors(gguf_path: Path, model: Decoder) -> dict[tuple[int, str], tuple] | None:
+    """(layer, Linear name) -> (GGUF tensor, heads) for every decoder Linear when each is of a type in TYPES, else
+    None; heads: the q/k head count of a family whose converter permutes those rows."""
+    from gguf import GGUFReader
 
     try:
         fam, name = family(model.cfg), gguf_names(model.cfg)
@@ -59,34 +62,48 @@ def q4_0_linears(gguf_path: Path, model: Decoder) -> dict[tuple[int, str], Packe
         for n in block.linears:
             gguf_name = name(f"model.layers.{i}.{n}.weight")
             tensor = tensors.get(gguf_name)
-            if tensor is None or tensor.tensor_type != GGMLQuantizationType.Q4_0:
+            if tensor is None or tensor.tensor_type.name not in TYPES:
                 return None
             heads = {"attn_q": model.cfg.num_heads, "attn_k": model.cfg.num_kv_heads}.get(role(gguf_name)) if fam.permute_qk else None
-            found[(i, n)] = q4_0_linear(tensor, block.get_submodule(n), heads)
+            found[(i, n)] = (tensor, heads)
+    types = {t.name: t.tensor_type.name for t in tensors.values()}
+    found["output"] = types.get("output.weight", types["token_embd.weight"])
     return found
 
 
-def output_type(gguf_path: Path) -> str:
-    """The GGUF type of the file's output layer (the token embedding's where the file ties them)."""
-    from gguf import GGUFReader
+def gguf_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> GgufLinear:
+    """The GgufLinear of one GGUF tensor, rows in transformers' order."""
+    raw = torch.from_numpy(np.asarray(tensor.data).copy()).reshape(linear.out_features, -1)  # [O, bytes]
+    if heads is not None:
+        raw = unpermute_rows(raw, heads)
+    return GgufLinear.from_ggml(tensor.tensor_type.name, raw, linear.bias)
 
-    types = {t.name: t.tensor_type.name for t in GGUFReader(str(gguf_path)).tensors}
-    return types.get("output.weight", types["token_embd.weight"])
+
+def swap(model: Decoder, linears: dict, make) -> None:
+    for (i, n), (tensor, heads) in linears.items():
+        parent, _, leaf = n.rpartition(".")
+        setattr(model.model.layers[i].get_submodule(parent), leaf, make(tensor, model.model.layers[i].get_submodule(n), heads))
 
 
-def convert(gguf_path: Path, out_dir: Path) -> None:
+def convert(gguf_path: Path, out_dir: Path, keep_codes: bool = True) -> None:
     """The GGUF as an HF directory under ``out_dir``: int4 compressed-tensors with the file's codes where every decoder
-    Linear is Q4_0, else fp32 (load.convert_gguf). The first carries compress.json's "gguf" entry: the engine then
-    computes as llama.cpp does by default (int8 activations; the lm_head as int8 rows where the file's is quantized)."""
+    Linear is Q4_0, GgufLinear's codes where each is another type of TYPES, else (or not ``keep_codes``) fp32. The first
+    two carry compress.json's "gguf" entry: the engine then computes as llama.cpp does by default (int8 activations; the
+    lm_head as int8 rows where the file's is quantized)."""
     model = load.gguf_decoder(gguf_path)
-    linears = q4_0_linears(gguf_path, model)
+    linears = linear_tensors(gguf_path, model) if keep_codes else None
     if linears is None:
         load.save_decoder(model, out_dir)
         load.save_gguf_tokenizer(gguf_path, out_dir)
         return
-    for (i, n), packed in linears.items():
-        parent, _, leaf = n.rpartition(".")
-        setattr(model.model.layers[i].get_submodule(parent), leaf, packed)
-    write_quantized(model, Q4_0, out_dir, None, dtype=torch.float32)
+    output = linears.pop("output")
+    kinds = sorted({tensor.tensor_type.name for tensor, _ in linears.values()})
+    if kinds == ["Q4_0"]:
+        swap(model, linears, q4_0_linear)
+        write_quantized(model, Q4_0, out_dir, None, dtype=torch.float32)
+    else:
+        swap(model, linears, gguf_linear)
+        types = {f"model.layers.{i}.{n}": tensor.tensor_type.name for (i, n), (tensor, _) in linears.items()}
+        write_quantized(model, GgufSpec(types), out_dir, None, dtype=torch.float32)
     load.save_gguf_tokenizer(gguf_path, out_dir)
-    write_manifest(out_dir, gguf={"file": gguf_path.name, "linears": "Q4_0", "output": output_type(gguf_path)})
+    write_manifest(out_dir, gguf={"file": gguf_path.name, "linears": ",".join(kinds), "output": output})

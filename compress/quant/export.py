@@ -1,5 +1,5 @@
 """Write and read quantized checkpoints: compressed-tensors pack-quantized (int4/int3) and
-float-quantized (fp8), and our own int8-with-outliers format (docs/formats.md).
+float-quantized (fp8), our own int8-with-outliers format, and a GGUF's codes as read back (docs/formats.md).
 
 The state dict of a quantized Decoder already carries the tensor names of its format
 (``*.weight_packed``, ``*.weight_scale``, ``*.weight``, ``*.outlier_idx``, ...), so writing is
@@ -19,12 +19,13 @@ from compress.model.shards import ShardWriter
 from compress.model.decoder import Decoder
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
-from compress.quant.linear import Fp8Linear, Int8OutlierLinear, PackedLinear
+from compress.quant.linear import Fp8Linear, GgufLinear, GgufSpec, Int8OutlierLinear, PackedLinear
 from compress.quant.primitives import IntSpec
 from compress.quant.swap import Spec, swap_linears
 
 PACKED, FLOAT = "pack-quantized", "float-quantized"
 INT8_METHOD = "compress-int8-outlier"
+GGUF_METHOD = "compress-gguf-codes"
 
 
 def int_args(spec: IntSpec) -> dict:
@@ -79,6 +80,8 @@ def unquantized(cfg: ModelConfig) -> list[str]:
 
 def quantization_config(spec: Spec, cfg: ModelConfig) -> dict:
     ignore = unquantized(cfg)
+    if isinstance(spec, GgufSpec):
+        return {"quant_method": GGUF_METHOD, "types": spec.types}
     if isinstance(spec, Int8Spec):
         return int8_config(spec, cfg.arch, ignore)
     if isinstance(spec, Fp8Spec):
@@ -88,6 +91,8 @@ def quantization_config(spec: Spec, cfg: ModelConfig) -> dict:
 
 
 def spec_from_config(qc: dict) -> Spec:
+    if qc.get("quant_method") == GGUF_METHOD:
+        return GgufSpec(qc["types"])
     if qc.get("quant_method") == INT8_METHOD:
         return Int8Spec(qc["outliers"]["threshold"], qc["outliers"]["topk"], qc.get("smoothing", {}).get("alpha", 0.0))
     if qc.get("quant_method") != "compressed-tensors" or qc.get("format") not in (PACKED, FLOAT):
@@ -157,6 +162,8 @@ def empty_module(spec: Spec, lin: torch.nn.Linear, name: str, ckpt: Checkpoint) 
     """The quantized module for ``spec`` on the meta device, shaped for ``name``'s tensors in ``ckpt``."""
     bias = lin.bias is not None
     with torch.device("meta"):
+        if isinstance(spec, GgufSpec):
+            return GgufLinear(lin.in_features, lin.out_features, spec.types[name], bias)
         if isinstance(spec, Int8Spec):
             return Int8OutlierLinear(lin.in_features, lin.out_features, ckpt.shape(f"{name}.outlier_idx")[0], bias, torch.float32)
         if isinstance(spec, Fp8Spec):

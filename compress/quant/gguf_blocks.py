@@ -146,8 +146,8 @@ def pack(t: BlockType, codes: torch.Tensor, grid: Grid) -> torch.Tensor:
     return raw.reshape(out, -1)
 
 
-def unpack(t: BlockType, raw: torch.Tensor, in_features: int) -> tuple[torch.Tensor, Grid]:
-    """(codes uint8 [O, I], Grid) from the rows of ggml bytes raw [O, I/block*type_size]; inverse of ``pack``."""
+def _unpack_native(t: BlockType, raw: torch.Tensor, in_features: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """(ggml's own codes uint8 [O, I], the stored numbers [O, ...]) of ggml bytes raw [O, I/block*type_size]."""
     check_width(t, in_features)
     out = raw.shape[0]
     blocks = raw.reshape(out, in_features // t.block, t.type_size)
@@ -157,9 +157,23 @@ def unpack(t: BlockType, raw: torch.Tensor, in_features: int) -> tuple[torch.Ten
         native, stored = unpack_q6_k(blocks)
     else:
         native, stored = _unpack_legacy(t, blocks)
-    stored = {k: v.reshape(out, -1) for k, v in stored.items()}
-    native = native.reshape(out, in_features)
+    return native.reshape(out, in_features), {k: v.reshape(out, -1) for k, v in stored.items()}
+
+
+def unpack(t: BlockType, raw: torch.Tensor, in_features: int) -> tuple[torch.Tensor, Grid]:
+    """(codes uint8 [O, I], Grid) from the rows of ggml bytes raw [O, I/block*type_size]; inverse of ``pack``."""
+    native, stored = _unpack_native(t, raw, in_features)
     return _flip(t, native, stored), grid_of(t, stored)
+
+
+def native(t: BlockType, raw: torch.Tensor, in_features: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """ggml's own numbers of raw (as ``unpack``): (codes [O, I], s [O, G], o [O, G]) with w = s*codes + o exactly,
+    s of either sign. Symmetric types give int8 codes q - 2^(bits-1) and o None (w = s*codes), the others uint8."""
+    codes, stored = _unpack_native(t, raw, in_features)
+    s, o = _signed_affine(t, stored)
+    if t.symmetric:
+        return (codes.to(torch.int16) - t.half).to(torch.int8), s, None
+    return codes, s, o
 
 
 def dequantize(t: BlockType, raw: torch.Tensor, in_features: int) -> torch.Tensor:

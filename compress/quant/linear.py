@@ -1,10 +1,13 @@
-"""Quantized Linear modules. Buffers are named as compressed-tensors names them on disk."""
+"""Quantized Linear modules. Buffers are named as compressed-tensors names them on disk (GgufLinear's are ours)."""
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from compress import kernels
-from compress.quant import fp8, int8, packing
+from compress.quant import fp8, gguf_blocks, int8, packing
+from compress.quant.gguf_blocks import TYPES
 from compress.quant.primitives import IntSpec, qparams, quantize
 
 
@@ -130,3 +133,61 @@ class Fp8Linear(nn.Module):
     def extra_repr(self) -> str:
         kind = "static" if self.input_scale is not None else "dynamic per-token"
         return f"in={self.in_features}, out={self.out_features}, e4m3, activations {kind}"
+
+
+@dataclass(frozen=True)
+class GgufSpec:
+    """A GGUF file read keeping its codes (compress.gguf.reader): each decoder Linear's ggml block type by full name."""
+
+    types: dict[str, str]
+
+    def __post_init__(self):
+        unknown = sorted(set(self.types.values()) - set(TYPES))
+        if unknown:
+            raise ValueError(f"GGUF types {unknown} are not kept as codes (kept: {', '.join(TYPES)})")
+
+
+class GgufLinear(nn.Module):
+    """One ggml block type's numbers as ggml holds them, unpacked: w = s * codes (+ offset) per group.
+
+    weight_codes [O, I]: int8 q - 2^(bits-1) for the symmetric types (Q4_0, Q5_0, Q8_0, Q6_K), uint8 q for Q4_1 and
+    Q4_K; weight_scale [O, I/group] fp32 of either sign; weight_offset [O, I/group] fp32 (Q4_1, Q4_K only).
+    """
+
+    def __init__(self, in_features: int, out_features: int, kind: str, bias: bool):
+        super().__init__()
+        t = TYPES[kind]
+        self.in_features, self.out_features, self.kind = in_features, out_features, kind
+        groups = in_features // t.group
+        self.register_buffer("weight_codes", torch.zeros(out_features, in_features, dtype=torch.int8 if t.symmetric else torch.uint8))
+        self.register_buffer("weight_scale", torch.zeros(out_features, groups))
+        self.register_buffer("weight_offset", None if t.symmetric else torch.zeros(out_features, groups))
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+
+    @classmethod
+    def from_ggml(cls, kind: str, raw: torch.Tensor, bias: torch.Tensor | None) -> "GgufLinear":
+        """From one tensor's ggml bytes raw [O, I/block*type_size] (rows as the module computes them)."""
+        t = TYPES[kind]
+        in_features = raw.shape[1] // t.type_size * t.block
+        new = cls(in_features, raw.shape[0], kind, bias is not None)
+        codes, scale, offset = gguf_blocks.native(t, raw, in_features)
+        new.weight_codes.copy_(codes)
+        new.weight_scale.copy_(scale)
+        if offset is not None:
+            new.weight_offset.copy_(offset)
+        if bias is not None:
+            new.bias.data.copy_(bias.detach())
+        return new
+
+    def dequantized(self) -> torch.Tensor:
+        groups = self.weight_scale.shape[1]
+        w = self.weight_codes.float().view(self.out_features, groups, -1) * self.weight_scale.unsqueeze(-1)  # [O, G, g]
+        if self.weight_offset is not None:
+            w = w + self.weight_offset.unsqueeze(-1)
+        return w.view(self.out_features, self.in_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.linear(x, self.dequantized().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+
+    def extra_repr(self) -> str:
+        return f"in={self.in_features}, out={self.out_features}, {self.kind}"

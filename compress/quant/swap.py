@@ -14,10 +14,10 @@ from compress.calib import BlockDone, blocks, compute_device
 from compress.model.decoder import Decoder
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
-from compress.quant.linear import PackedLinear
+from compress.quant.linear import GgufSpec, PackedLinear
 from compress.quant.primitives import IntSpec
 
-Spec = IntSpec | Int8Spec | Fp8Spec  # what a method produced: enough to write and describe it
+Spec = IntSpec | Int8Spec | Fp8Spec | GgufSpec  # what a method produced (or a GGUF read kept): enough to write and describe it
 
 
 def layer_linears(block: nn.Module) -> dict[str, nn.Module]:

@@ -5,15 +5,15 @@ barrier. SmolLM2-135M: 7 kernel calls a block become 4; 30 blocks of one decode 
 instead of 7.3 at one thread (int8 activations, docs/results/speed.md). The joined weight holds the
 parts' rows in order, so ``split`` / ``chunk`` of its output gives the parts' outputs exactly.
 
-Only swapped Linears of one kind join (all CpuLinear, or all NibbleLinear with the same group size
-and activations); anything else (a Linear left to torch, a dequantized PackedLinear) stays as it is.
+Only swapped Linears of one kind join (all CpuLinear, or all NibbleLinear / ByteLinear with the same group
+size and activations: a GGUF's Q5_0 q/k with a Q8_0 v are one ByteLinear); anything else (a Linear left to torch, a dequantized PackedLinear) stays as it is.
 """
 
 import torch
 from torch import nn
 
 from compress.model.arch import MLP_NAMES
-from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
+from compress.runtime.cpu_linears import ByteLinear, CpuLinear, NibbleLinear
 
 # (the attribute of the joined Linear, the Linears a module reads one input with, the name a family that stores them
 # joined gives them: Phi-3's qkv_proj / gate_up_proj are taken over as they are). Every module of a block that declares
@@ -31,9 +31,9 @@ def joinable(parts: list[nn.Module]) -> bool:
     first = parts[0]
     same = all(type(p) is type(first) and p.in_features == first.in_features and (p.bias is None) == (first.bias is None)
                for p in parts)
-    if not same or not isinstance(first, (CpuLinear, NibbleLinear)):
+    if not same or not isinstance(first, (CpuLinear, NibbleLinear, ByteLinear)):
         return False
-    return not isinstance(first, NibbleLinear) or all(
+    return isinstance(first, CpuLinear) or all(
         (p.group_size, p.int8_activations) == (first.group_size, first.int8_activations) for p in parts)
 
 
@@ -42,7 +42,9 @@ def joined(parts: list[nn.Module]) -> nn.Module:
     first = parts[0]
     if isinstance(first, CpuLinear):
         return CpuLinear(torch.cat([p.weight.detach() for p in parts]), _bias(parts))  # [sum O, I]
-    packed = {name: torch.cat([getattr(p, name) for p in parts]) for name in NibbleLinear.NAMES}  # every part's rows, in order
+    packed = {name: torch.cat([getattr(p, name) for p in parts]) for name in type(first).NAMES}  # every part's rows, in order
+    if isinstance(first, ByteLinear):
+        return ByteLinear(packed, _bias(parts), first.scratch)
     return NibbleLinear(packed, _bias(parts), first.scratch, first.int8_activations)
 
 

@@ -14,6 +14,10 @@ Memory each holds:
   runs torch at some row count, allocated at the first such call.
 - int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
   path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``).
+- a GGUF read keeping its codes (``GgufLinear``): its 4-bit types (Q4_0, Q4_1, Q4_K) as NibbleLinears with their
+  offsets; its 5-, 6- and 8-bit ones (Q5_0, Q6_K, Q8_0) as ``ByteLinear``: ggml's signed codes a byte each and an
+  fp32 scale per group of 16 or 32 (``kernels/byte_q8_cpu.py``, int8 activations as llama.cpp); with activation
+  quantization off those are dequantized into CpuLinears.
 - an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
   a quarter of fp32's bytes; a tied embedding keeps its own fp32 table for the lookup.
 A PackedLinear the 4-bit kernel cannot run (no compiler, scales not fp32, groups not a multiple of 32)
@@ -28,8 +32,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.kernels import int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu, panel_cpu
-from compress.quant.linear import PackedLinear
+from compress.kernels import (byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu,
+                              panel_cpu)
+from compress.quant.gguf_blocks import TYPES as GGUF_TYPES
+from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.kernel_choice import C, FUSE_MARGIN, PANEL, TORCH, Plan
 
 
@@ -150,6 +156,37 @@ class NibbleLinear(HeldLinear):
         return nibble_linear_cpu.dequantize
 
 
+class ByteLinear(HeldLinear):
+    """Signed 8-bit codes with an fp32 scale per group (``byte_q8_cpu``): a GGUF's Q5_0, Q6_K and Q8_0 Linears, int8
+    activations per block of 32 (llama.cpp's arithmetic)."""
+
+    NAMES = ("codes", "scales")  # [O, I] int8, [O, G] fp32
+    int8_activations = True
+
+    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
+        super().__init__(packed, *packed["codes"].shape, bias, scratch)
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features // self.scales.shape[1]
+
+    @property
+    def kernel(self) -> Callable:
+        return byte_q8_cpu.unchecked
+
+    @property
+    def panel(self) -> Callable:
+        raise NotImplementedError("ByteLinear has no panel path")
+
+    @property
+    def panel_ready(self) -> bool:
+        return False
+
+    @property
+    def dequantize(self) -> Callable:
+        return byte_q8_cpu.dequantize
+
+
 class Int8Linear(HeldLinear):
     """A Linear held as int8 per output row (``int8_rows_cpu``): the lm_head where the user asks for it."""
 
@@ -187,8 +224,26 @@ def dense_linear(m: PackedLinear, weight: torch.Tensor) -> nn.Linear:
     return new
 
 
+def swap_gguf(m: GgufLinear, scratch: Scratch, int8_activations: bool) -> nn.Module:
+    """The held module of a GGUF read's Linear: nibbles (4-bit types), bytes (wider ones, int8 activations), else fp32."""
+    scale = m.weight_scale.float().contiguous()
+    if GGUF_TYPES[m.kind].bits == 4:
+        if nibble_linear_cpu.supports(scale, m.in_features):
+            unsigned = m.weight_codes if m.weight_offset is not None else (m.weight_codes.to(torch.int16) + 8).to(torch.uint8)
+            offset = m.weight_offset if m.weight_offset is not None else -8 * scale  # Q4_0: s (c + 8) - 8 s, exact
+            packed = nibble_linear_cpu.pack_offsets(unsigned, scale, offset)
+            int8 = int8_activations and nibble_q8_cpu.supports(scale, m.in_features)
+            return NibbleLinear(dict(zip(NibbleLinear.NAMES, packed)), m.bias, scratch, int8)
+    elif int8_activations and byte_q8_cpu.supports(scale, m.in_features):
+        return ByteLinear({"codes": m.weight_codes.contiguous(), "scales": scale}, m.bias, scratch)
+    weight = m.dequantized()
+    return CpuLinear(weight, m.bias) if linear_cpu.supports(weight) else dense_linear(m, weight)
+
+
 def swap_one(m: nn.Module, scratch: Scratch, int8_activations: bool = False) -> nn.Module | None:
     """The module that replaces m on the CPU path, or None where m stays as it is."""
+    if isinstance(m, GgufLinear):
+        return swap_gguf(m, scratch, int8_activations)
     if isinstance(m, PackedLinear):
         if nibble_ready(m):
             int8 = int8_activations and nibble_q8_cpu.supports(m.weight_scale, m.in_features)
@@ -202,6 +257,8 @@ def op_of(m: nn.Module) -> str:
     """What a swapped Linear runs, as kernel_choice keys its timings: its shape and kind."""
     if isinstance(m, NibbleLinear):
         kind = f" 4-bit g{m.group_size}" + (" int8 activations" if m.int8_activations else "")
+    elif isinstance(m, ByteLinear):
+        kind = f" 8-bit codes g{m.group_size} int8 activations"
     else:
         kind = " int8 rows" if isinstance(m, Int8Linear) else " fp32"
     return f"linear {m.out_features}x{m.in_features}{kind}"
@@ -263,7 +320,7 @@ def group_modules(modules: list[nn.Module]) -> list[Group]:
 
 
 def lm_head_int8(m: nn.Module, scratch: Scratch) -> Int8Linear | None:
-    weight = m.dequantized() if isinstance(m, PackedLinear) else m.weight
+    weight = m.dequantized() if isinstance(m, (PackedLinear, GgufLinear)) else m.weight
     return Int8Linear(weight, m.bias, scratch) if int8_rows_cpu.supports(weight) else None
 
 
@@ -274,14 +331,14 @@ def cpu_linears(model: nn.Module, lm_head: str = "stored", int8_activations: boo
     int8_activations: int4 Linears round their inputs to int8 (``nibble_q8_cpu``) where the CPU can."""
     swapped, scratch = Swapped(), Scratch()
     # Names, not modules: a list of the old modules would keep every one alive until the last is swapped.
-    for name in [name for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear)]:
+    for name in [name for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear, GgufLinear)]:
         m = model.get_submodule(name)
         new = (lm_head == "int8" and name == "lm_head" and lm_head_int8(m, scratch)) or swap_one(m, scratch, int8_activations)
         if new is None:
             continue
         parent, _, attr = name.rpartition(".")
         setattr(model.get_submodule(parent), attr, new)
-        swapped.dequantized += isinstance(m, PackedLinear) and not isinstance(new, HeldLinear)
+        swapped.dequantized += isinstance(m, (PackedLinear, GgufLinear)) and not isinstance(new, HeldLinear)
     swapped.groups = group_modules(swapped_modules(model))
     return swapped
 

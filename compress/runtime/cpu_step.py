@@ -8,8 +8,8 @@ same kernels, so the numbers are those of the module path except SiLU(gate) * up
 (within ~1e-7 relative of torch's).
 
 Which models: fp32 activations, every block's q/k/v and gate/up joined (``cpu_fusion``), all four Linears
-without bias and of one kind: ``NibbleLinear`` of one group size and activation kind, or fp32 ``CpuLinear``
-(their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
+without bias, and either all held (``NibbleLinear`` and ``ByteLinear``, each with its own kernel and group size: a
+GGUF's mixture of block types) or all fp32 ``CpuLinear`` (their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
 and up, where C was chosen), ``CpuRMSNorm`` norms, plain attention (no window or soft-cap), Llama's layout
 or Qwen3's (its per-head q/k norms run in the loop through the same rms_norm kernel), no mixture of experts
 (its routing runs in the modules). The embedding lookup, the rotary tables and the lm_head stay in Python
@@ -19,11 +19,12 @@ or Qwen3's (its per-head q/k norms run in the loop through the same rms_norm ker
 import torch
 from torch import nn
 
-from compress.kernels import decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.kernels import (byte_q8_cpu, decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu,
+                              rms_norm_cpu, rope_cpu)
 from compress.model.arch import Norms
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata
-from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
+from compress.runtime.cpu_linears import ByteLinear, CpuLinear, NibbleLinear, op_of
 from compress.runtime.cpu_norms import CpuRMSNorm, use_c
 
 
@@ -55,10 +56,16 @@ def eligible(model: nn.Module) -> bool:
         return False
     linears = [m for b in model.model.layers for m in block_modules(b)[2:]]
     norms = [m for b in model.model.layers for m in block_modules(b)[:2]] + [model.model.norm]
-    if not all(isinstance(m, (NibbleLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
+    if not all(isinstance(m, (NibbleLinear, ByteLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
         return False
-    kinds = {(m.group_size, m.int8_activations) if isinstance(m, NibbleLinear) else CpuLinear for m in linears}
-    return len(kinds) == 1 and len({m.eps for m in norms}) == 1
+    return len({isinstance(m, CpuLinear) for m in linears}) == 1 and len({m.eps for m in norms}) == 1
+
+
+def gemm(m: nn.Module) -> int:
+    """The address of a held Linear's C GEMM, in the 4-bit kernels' calling convention."""
+    if isinstance(m, ByteLinear):
+        return decode_step_cpu.address(byte_q8_cpu.load(), "step_linear")
+    return decode_step_cpu.address((nibble_q8_cpu if m.int8_activations else nibble_linear_cpu).load(), "linear")
 
 
 class DecodeStep:
@@ -68,34 +75,37 @@ class DecodeStep:
         """model: eligible (``eligible``); kv: the runner's cache [2, L, NB, BS, KVH, D]."""
         cfg, blocks = model.cfg, model.model.layers
         self.model, self.kv = model, kv
-        self.first = block_modules(blocks[0])  # every block has the same shapes, so the same plans
-        ptrs = [t.data_ptr() for b in blocks for t in [*(t for m in block_modules(b) for t in self._tensors(m)), *qk_norms(b)]]
+        modules = [m for b in blocks for m in block_modules(b)]
+        self.ops = list({op_of(m) if not isinstance(m, CpuRMSNorm) else "norm": m for m in modules}.values())  # one per plan
+        ptrs = [p for b in blocks for p in [*(p for m in block_modules(b) for p in self._entries(m)), *(t.data_ptr() for t in qk_norms(b))]]
         self.ptrs = torch.tensor(ptrs + [model.model.norm.weight.data_ptr()], dtype=torch.int64)
-        dense = isinstance(self.first[2], CpuLinear)
-        lin = linear_cpu.load() if dense else (nibble_q8_cpu if self.first[2].int8_activations else nibble_linear_cpu).load()
-        self.fns = torch.tensor([decode_step_cpu.address(lin, "linear"), decode_step_cpu.address(rms_norm_cpu.load(), "rms_norm"),
+        dense = isinstance(modules[2], CpuLinear)
+        self.fns = torch.tensor([decode_step_cpu.address(linear_cpu.load(), "linear") if dense else 0,
+                                 decode_step_cpu.address(rms_norm_cpu.load(), "rms_norm"),
                                  decode_step_cpu.address(rope_cpu.load(), "rope"),
                                  decode_step_cpu.address(paged_attention_cpu.load(), "paged_attention")], dtype=torch.int64)
         self.dims = torch.tensor([cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                  kv.shape[3], kv.shape[2], 0, cfg.num_layers, 1 if dense else self.first[2].group_size, int(dense),
-                                  int(cfg.arch.qk_norm is not None)],
+                                  kv.shape[3], kv.shape[2], 0, cfg.num_layers, int(dense), int(cfg.arch.qk_norm is not None)],
                                  dtype=torch.int32)
-        self.eps, self.scale = self.first[0].eps, cfg.scale()
+        self.eps, self.scale = blocks[0].input_layernorm.eps, cfg.scale()
         self.scratch = torch.empty(0)  # grown to the most rows a step has had
 
     @staticmethod
-    def _tensors(m: nn.Module) -> list[torch.Tensor]:
-        """A module's pointers in the table: a norm's weight; a Linear's three (an fp32 weight, then it twice unused)."""
+    def _entries(m: nn.Module) -> list[int]:
+        """A module's entries in the table: a norm's weight; a Linear's LINS (decode_step_cpu)."""
         if isinstance(m, CpuRMSNorm):
-            return [m.weight]
-        return [m.weight] * 3 if isinstance(m, CpuLinear) else list(m.packed)
+            return [m.weight.data_ptr()]
+        if isinstance(m, CpuLinear):
+            return [m.weight.data_ptr()] + [0] * (decode_step_cpu.LINS - 1)
+        tensors = [t.data_ptr() for t in m.packed]  # codes, scales (, offsets)
+        return tensors + [0] * (3 - len(tensors)) + [gemm(m), m.scales.shape[1]]
 
     def takes(self, meta: AttentionMetadata, rows: int, attention_c: bool, rope_c: bool) -> bool:
         """Whether a step of ``rows`` rows with this metadata runs here: all decode rows, C chosen for the norms,
         and for every Linear a C kernel within kernel_choice.FUSE_MARGIN of its fastest (``fuse_c``)."""
         if len(meta.decode_rows) != rows or meta.prefills or not (attention_c and rope_c):
             return False
-        return all(use_c(m.use_c if isinstance(m, CpuRMSNorm) else m.fuse_c, rows) for m in self.first)
+        return all(use_c(m.use_c if isinstance(m, CpuRMSNorm) else m.fuse_c, rows) for m in self.ops)
 
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

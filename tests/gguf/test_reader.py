@@ -1,5 +1,6 @@
-"""Reading GGUF files back: a Q4_0 file keeps its codes (our int4 checkpoint with the file's exact weights), any
-other type is dequantized; llama.cpp's rotary row order is undone either way."""
+"""Reading GGUF files back: a Q4_0 file keeps its codes (our int4 checkpoint with the file's exact weights), a mixture
+of other block types keeps ggml's own codes (GgufLinear), F16/F32 Linears and built-in models are dequantized;
+llama.cpp's rotary row order is undone either way."""
 
 import gguf
 import numpy as np
@@ -10,7 +11,9 @@ from compress.manifest import read_manifest
 from compress.gguf.family import permute_rows, unpermute_rows
 from compress.model.load import convert_gguf, open_decoder
 from compress.models import load_model
-from compress.quant.linear import PackedLinear
+from compress.quant.linear import GgufLinear, PackedLinear
+from compress.runtime.cpu_fusion import join_projections
+from compress.runtime.cpu_linears import ByteLinear, NibbleLinear, cpu_linears
 from tests.gguf.test_export import IDS, source, write
 
 
@@ -50,9 +53,44 @@ def test_q4_0_file_reads_back_as_int4_with_the_files_own_weights(tmp_path, monke
     assert (ours - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
 
 
+def test_q4_k_m_file_keeps_ggml_s_codes_of_each_type(q4_k_m_gguf):
+    path, back = q4_k_m_gguf  # every type a Q4_K_M file holds: Q5_0, Q8_0, Q4_K, Q6_K (see the fixture)
+    assert read_manifest(back)["gguf"] == {"file": "m.gguf", "linears": "Q4_K,Q5_0,Q6_K,Q8_0", "output": "Q8_0"}
+    model, stored = load_model(back), file_weights(path)
+    kinds = {}
+    for i, block in enumerate(model.model.layers):
+        for hf_name, gguf_name, heads in (("self_attn.q_proj", "attn_q", 4), ("self_attn.v_proj", "attn_v", None),
+                                          ("mlp.down_proj", "ffn_down", None)):
+            m = block.get_submodule(hf_name)
+            assert isinstance(m, GgufLinear)
+            kinds[(i, gguf_name)] = m.kind
+            want = stored[f"blk.{i}.{gguf_name}.weight"].reshape(m.out_features, m.in_features)
+            assert torch.equal(m.dequantized(), unpermute_rows(want, heads) if heads else want)  # ggml's values exactly
+    assert kinds == {(0, "attn_q"): "Q5_0", (0, "attn_v"): "Q5_0", (0, "ffn_down"): "Q4_K",
+                     (1, "attn_q"): "Q5_0", (1, "attn_v"): "Q8_0", (1, "ffn_down"): "Q6_K"}
+    with torch.no_grad():
+        ref = model(IDS)
+        swapped = cpu_linears(model, int8_activations=True)  # as the engine holds them: nibbles and bytes
+        join_projections(model)
+        ours = model(IDS)
+    held = {type(m) for g in swapped.groups for m in g.modules}
+    assert held >= {ByteLinear, NibbleLinear} and swapped.dequantized == 0
+    assert isinstance(model.model.layers[1].self_attn.qkv, ByteLinear)  # Q5_0 q/k and a Q8_0 v: one byte-code Linear
+    err = ((ours - ref).norm() / ref.norm()).item()
+    assert err < 0.02  # only x's 8-bit rounding
+
+
+def test_built_in_model_is_the_unquantized_source(tmp_path, monkeypatch, smollm2_dir):
+    monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "builtin_gguf", lambda name: write(source(tmp_path, "llama", smollm2_dir), tmp_path / "b.gguf",
+                                                                   gguf_type="Q8_0"))
+    back = models.resolve(models.DEFAULT_MODEL)
+    assert not models.is_quantized(back) and read_manifest(back) is None  # fp32: what the methods start from
+
+
 def test_other_types_read_back_dequantized(tmp_path, monkeypatch, smollm2_dir):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
     src = source(tmp_path, "qwen2", smollm2_dir)
-    back = models.resolve(str(write(src, tmp_path / "m.gguf", gguf_type="Q4_1")))
+    back = models.resolve(str(write(src, tmp_path / "m.gguf", gguf_type="F16")))
     assert not models.is_quantized(back) and read_manifest(back) is None  # the engine's defaults as for any fp32 model
     assert open_decoder(back).cfg.model_type == "qwen2"

@@ -31,7 +31,7 @@ cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CU
 
 from compress.kernels import cpu_build  # noqa: E402 (after TRITON_INTERPRET is set: it imports the Triton kernels)
 
-CPU_KERNELS = ["linear_cpu", "panel_cpu", "nibble_panel_cpu", "nibble_linear_cpu", "nibble_q8_cpu", "int8_rows_cpu", "paged_attention_cpu", "rms_norm_cpu", "rope_cpu"]
+CPU_KERNELS = ["linear_cpu", "panel_cpu", "nibble_panel_cpu", "nibble_linear_cpu", "nibble_q8_cpu", "byte_q8_cpu", "int8_rows_cpu", "paged_attention_cpu", "rms_norm_cpu", "rope_cpu"]
 # Both x86 code paths where the host has AVX-512: the native build (16-float vectors) and one with
 # AVX-512 and AVX-VNNI switched off (COMPRESS_CPU_ISA=avx2: 8-float vectors, vpmaddubsw); elsewhere the native build only.
 ISAS = ["native", "avx2"] if cpu_build.X86 else ["native"]

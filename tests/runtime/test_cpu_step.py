@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from compress.kernels import decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu, rms_norm_cpu, rope_cpu
+from compress.kernels import (byte_q8_cpu, decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu,
+                              rms_norm_cpu, rope_cpu)
 from compress.runtime import SamplingParams, cpu_kernels
 from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
@@ -39,12 +40,15 @@ def qwen3_dir(tmp_path_factory, smollm2_dir):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", ["int4", "int4 int8 activations", "fp32", "qwen3 fp32"])
-def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_dir, tiny_int4_dir, qwen3_dir, monkeypatch, kind):
-    if kind == "int4 int8 activations" and nibble_q8_cpu.load() is None:
+@pytest.mark.parametrize("kind", ["int4", "int4 int8 activations", "fp32", "qwen3 fp32", "gguf Q4_K_M"])
+def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_dir, tiny_int4_dir, qwen3_dir, monkeypatch, kind,
+                                                                       request):
+    if "int8" in kind and nibble_q8_cpu.load() is None or "gguf" in kind and byte_q8_cpu.load() is None:
         pytest.skip("no int8-activation kernel here")
-    model_dir = {"fp32": tiny_dir, "qwen3 fp32": qwen3_dir}.get(kind, tiny_int4_dir)
-    llm = engine(model_dir, monkeypatch, cpu_int8_activations="int8" in kind)
+    # the GGUF: Linears of four block types, each with its own kernel (nibbles or bytes) and group size in one loop
+    model_dir = {"fp32": tiny_dir, "qwen3 fp32": qwen3_dir}.get(kind) or (
+        request.getfixturevalue("q4_k_m_gguf")[1] if "gguf" in kind else tiny_int4_dir)
+    llm = engine(model_dir, monkeypatch, cpu_int8_activations="int8" in kind or "gguf" in kind)
     runner = llm.runner
     assert isinstance(runner.decode_step, DecodeStep)
     prompts, tables = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 40))], [[3], [1, 7]]  # 7 and 20 tokens: one sequence over two blocks
@@ -87,7 +91,8 @@ def test_not_taken_where_an_op_chose_torch(tiny_int4_dir, monkeypatch):
     meta = AttentionMetadata.build([7], [1], [[3]], 16, "cpu")
     assert step.takes(meta, 1, True, True)
     assert not step.takes(meta, 1, False, True) and not step.takes(meta, 1, True, False)  # attention, rope
-    step.first[3].fuse_c = [False, False, True]  # o_proj: its C kernel more than FUSE_MARGIN behind at 1 row
+    # o_proj's plan (one table its group shares): its C kernel more than FUSE_MARGIN behind at 1 row
+    llm.runner.model.model.layers[0].self_attn.o_proj.fuse_c[:] = [False, False, True]
     assert not step.takes(meta, 1, True, True)
     assert not step.takes(AttentionMetadata.build([0], [20], [[3, 4]], 16, "cpu"), 20, True, True)  # a prompt
 
