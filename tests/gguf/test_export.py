@@ -1,6 +1,8 @@
 """GGUF files of every family llama.cpp runs: read back (by transformers' GGUF reader, which also checks the
 metadata and llama's q/k row order) they compute what we computed, and each tensor holds our rounding."""
 
+import hashlib
+
 import gguf
 import numpy as np
 import pytest
@@ -33,6 +35,27 @@ def logits(model_dir) -> torch.Tensor:
 
     with torch.no_grad():
         return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)(IDS).logits[0]
+
+
+def read_back(path) -> torch.Tensor:
+    """Logits of a quantized GGUF as our reader holds it (ggml's own codes, docs/gguf.md) and our decoder runs it."""
+    with torch.no_grad():
+        return models.load_model(models.resolve(str(path)))(IDS)[0]
+
+
+@pytest.fixture
+def remembered_rounding(monkeypatch):
+    """rounding.weight_only remembered by (type, weight bytes): the writer and a test's own rounding of the same
+    49,152-row tables search once (those searches are most of these tests' time)."""
+    real, seen = rounding.weight_only, {}
+
+    def weight_only(kind, w):
+        key = (kind, tuple(w.shape), hashlib.sha256(w.detach().float().contiguous().numpy().tobytes()).hexdigest())
+        if key not in seen:
+            seen[key] = real(kind, w)
+        return seen[key]
+
+    monkeypatch.setattr(rounding, "weight_only", weight_only)
 
 
 @pytest.mark.parametrize("kind", FAMILIES)
@@ -91,10 +114,10 @@ def rounded_in_memory(src, gguf_type: str):
     return hf
 
 
-def test_4_bit_file_computes_what_we_rounded(tmp_path, monkeypatch, smollm2_dir):
+def test_4_bit_file_computes_what_we_rounded(tmp_path, monkeypatch, smollm2_dir, remembered_rounding):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
     src = source(tmp_path, "qwen3", smollm2_dir)
-    back = logits(models.resolve(str(write(src, tmp_path / "m.gguf", gguf_type="Q4_K_M"))))
+    back = read_back(write(src, tmp_path / "m.gguf", gguf_type="Q4_K_M"))
     with torch.no_grad():
         ours, ref = rounded_in_memory(src, "Q4_K_M")(IDS).logits[0], logits(src)
     assert (back - ours).abs().max().item() <= 1e-4 * ours.abs().max().item()
@@ -116,11 +139,11 @@ def planted(src_dir, tokenizer_dir):
 
 
 @pytest.mark.parametrize("gguf_type", ["Q4_K_M"])  # Q4_K Linears on searched grids, Q6_K ones on weighted grids
-def test_awq_file_is_closer_to_the_source_than_rtn(tmp_path, monkeypatch, smollm2_dir, data_dir, gguf_type):
+def test_awq_file_is_closer_to_the_source_than_rtn(tmp_path, monkeypatch, smollm2_dir, data_dir, gguf_type, remembered_rounding):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
     src = planted(tmp_path / "src", smollm2_dir)
     calib = dict(calib_samples=8, calib_seq_len=128, search_sequences=4, search_tokens=256)
-    rtn = logits(models.resolve(str(write(src, tmp_path / "rtn.gguf", gguf_type=gguf_type))))
-    awq = logits(models.resolve(str(write(src, tmp_path / "awq.gguf", method="awq", gguf_type=gguf_type, **calib))))
+    rtn = read_back(write(src, tmp_path / "rtn.gguf", gguf_type=gguf_type))
+    awq = read_back(write(src, tmp_path / "awq.gguf", method="awq", gguf_type=gguf_type, **calib))
     ref = logits(src)
     assert (awq - ref).pow(2).mean() < 0.8 * (rtn - ref).pow(2).mean()
