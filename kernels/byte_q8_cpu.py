@@ -133,9 +133,8 @@ int linear(const float *x, const signed char *q, const float *sc, float *y, int 
     if (threads > blocks) threads = blocks;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++) {
-        const int o0 = (int)((long)blocks * t / threads) * rnm;
-        int o1 = (int)((long)blocks * (t + 1) / threads) * rnm;
-        if (o1 > O) o1 = O;
+        int o0, o1;
+        share(O, rnm, t, threads, &o0, &o1);
         for (int m = 0; m < M; m += QRM)
             for (int o = o0; o < o1; o += rnm)
                 any_qtile(xi + (size_t)m * I, d + (size_t)m * P, q + (size_t)o * I, sc + (size_t)o * G,

@@ -57,6 +57,14 @@ int vector_width(void) { return VW; }  /* floats per vector in this build (tests
 static inline void prefetch_rows(const void *p, size_t stride, int rn, int ahead) {
     for (int n = 0; n < rn; n++) __builtin_prefetch((const char *)p + (size_t)(n + ahead) * stride);
 }
+
+/* Whole rn-row blocks of W to each thread, a contiguous share: [o0, o1) of O for thread t. */
+static inline void share(int O, int rn, int t, int threads, int *o0, int *o1) {
+    const int blocks = (O + rn - 1) / rn;
+    *o0 = (int)((long)blocks * t / threads) * rn;
+    *o1 = (int)((long)blocks * (t + 1) / threads) * rn;
+    if (*o1 > O) *o1 = O;
+}
 """
 
 

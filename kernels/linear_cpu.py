@@ -80,14 +80,6 @@ static inline int block_rows(int kc) {
     const int mc = XBLOCK / kc;
     return mc < RM ? RM : mc - mc % RM;
 }
-
-/* Whole RN-row blocks of W to each thread, a contiguous share: [o0, o1) of O for thread t. */
-static inline void share(int O, int rn, int t, int threads, int *o0, int *o1) {
-    const int blocks = (O + rn - 1) / rn;
-    *o0 = (int)((long)blocks * t / threads) * rn;
-    *o1 = (int)((long)blocks * (t + 1) / threads) * rn;
-    if (*o1 > O) *o1 = O;
-}
 """
 
 SOURCE = TILE + r"""
