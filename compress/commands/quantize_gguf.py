@@ -13,7 +13,7 @@ from compress.errors import UserError
 from compress.gguf.export import GgufExport, rounder
 from compress.gguf.family import family
 from compress.gguf.types import FILE_TYPES
-from compress.gguf.vocab import check_byte_level
+from compress.gguf.vocab import llama_cpp_model, tokenizer_json
 from compress.gguf.writer import check_output, staged_file
 from compress.malloc import QUANTIZE_THRESHOLD, return_freed_memory
 from compress.quant.config import QuantConfig
@@ -40,7 +40,7 @@ def run_quantize_gguf(model: str, cfg: QuantConfig, output: str, force: bool = F
         raise UserError(f"{model} is already quantized; quantize its unquantized source checkpoint instead")
     decoder = models.open_model(src)
     family(decoder.cfg)
-    check_byte_level(src)
+    llama_cpp_model(tokenizer_json(src))  # a tokenizer llama.cpp cannot take is refused before the slow part
     ft = FILE_TYPES[cfg.gguf_type]
     if not ft.quantized:
         print(f"--gguf-type {ft.name}: tensors are written unrounded (--method {cfg.method} does not apply)")

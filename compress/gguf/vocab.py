@@ -1,8 +1,15 @@
-"""The tokenizer as llama.cpp reads it: tokens, their types, merges, special ids and the chat template.
+"""The tokenizer as llama.cpp reads it: tokens, their types, merges or scores, special ids and the chat template.
 
 Byte-level BPE tokenizers (Llama 3, Qwen, SmolLM, Mistral Nemo) are written as convert_hf_to_gguf.py writes
 them ("gpt2" model). llama.cpp picks its pre-tokenizer regex by the name in tokenizer.ggml.pre, which the
 converter finds by hashing the token ids of one test text: the same hash and names are used here.
+
+SentencePiece-style BPE tokenizers (Llama 2, Mistral 7B v0.1-v0.3, TinyLlama: tokenizer.json's BPE with
+byte_fallback, "▁" for spaces) are written as llama.cpp's "llama" model: tokens with scores, and llama.cpp
+merges the adjacent pair whose merged token scores highest. The scores are read off tokenizer.json's merges
+(a token made by merge r scores -r: SentencePiece's own BPE scores rank its pieces the same way; characters no
+merge makes score below every merge), so llama.cpp and transformers' GGUF reader, which rebuilds the merges
+from the scores, merge in the tokenizer's order. Byte tokens <0xXX> are BYTE, <unk> UNKNOWN, both score 0.
 """
 
 import json
@@ -29,7 +36,7 @@ PRE_TOKENIZERS = {
     "b3f499bb4255f8ca19fccd664443283318f2fd2414d5e0b040fbdd0cc195d6c5": "deepseek-r1-qwen",
     "3ce83efda5659b07b1ad37ca97ca5797ea4285d9b9ab0dc679e4a720c9da7454": "gpt-2",
 }
-NORMAL, UNUSED, CONTROL, USER_DEFINED = 1, 5, 3, 4  # gguf.TokenType
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6  # gguf.TokenType
 
 
 def pre_tokenizer(tokenizer) -> str:
@@ -65,15 +72,53 @@ def token_list(tokenizer, vocab_size: int) -> tuple[list[str], list[int]]:
     return tokens, types
 
 
-def check_byte_level(model_dir: Path) -> None:
+def tokenizer_json(model_dir: Path) -> dict:
     path = model_dir / "tokenizer.json"
     if not path.is_file():
         raise UserError(f"--format gguf needs the model's tokenizer.json ({model_dir} has none)")
-    tok = json.loads(path.read_text())
-    pre = json.dumps(tok.get("pre_tokenizer"))
-    if tok.get("model", {}).get("type") != "BPE" or "ByteLevel" not in pre:
-        raise UserError("--format gguf writes byte-level BPE tokenizers (Llama 3, Qwen, SmolLM, Mistral Nemo); this one "
-                        "is a SentencePiece-style tokenizer: convert it with llama.cpp's convert_hf_to_gguf.py")
+    return json.loads(path.read_text())
+
+
+def llama_cpp_model(tok: dict) -> str:
+    """llama.cpp's tokenizer model for a tokenizer.json: "gpt2" (byte-level BPE) or "llama" (SentencePiece BPE)."""
+    model = tok.get("model", {})
+    if model.get("type") == "BPE" and "ByteLevel" in json.dumps(tok.get("pre_tokenizer")):
+        return "gpt2"
+    if model.get("type") == "BPE" and model.get("byte_fallback"):
+        return "llama"
+    raise UserError("--format gguf writes byte-level BPE (Llama 3, Qwen, SmolLM) and SentencePiece BPE (Llama 2, Mistral) "
+                    f"tokenizers; this one is a {model.get('type')} model without byte fallback: convert it with llama.cpp's "
+                    "convert_hf_to_gguf.py")
+
+
+def merge_scores(merges: list) -> dict[str, float]:
+    """token -> -r for the first merge r that makes it."""
+    scores = {}
+    for r, merge in enumerate(merges):
+        token = "".join(merge.split(" ", 1) if isinstance(merge, str) else merge)
+        scores.setdefault(token, -float(r))
+    return scores
+
+
+def scored_tokens(tokenizer, tok: dict, vocab_size: int) -> tuple[list[str], list[float], list[int]]:
+    """(tokens, scores, types) for ids 0..vocab_size-1 of a SentencePiece BPE tokenizer (see the module doc)."""
+    tokens, types = token_list(tokenizer, vocab_size)
+    merged, unk = merge_scores(tok["model"].get("merges", [])), tok["model"].get("unk_token")
+    scores = []
+    for i, (token, kind) in enumerate(zip(tokens, types)):
+        if len(token) == 6 and token.startswith("<0x") and token.endswith(">") or kind != NORMAL or token == unk:
+            scores.append(0.0)
+            types[i] = UNKNOWN if token == unk else BYTE if token.startswith("<0x") and len(token) == 6 else kind
+        else:
+            scores.append(merged.get(token, -float(len(merged) + i)))
+    return tokens, scores, types
+
+
+def space_prefix(tok: dict) -> bool:
+    """Whether the tokenizer puts "▁" before the text (a Prepend normalizer, or a Metaspace that prepends)."""
+    pre = tok.get("pre_tokenizer") or {}
+    metaspace = [p for p in [pre, *pre.get("pretokenizers", [])] if p.get("type") == "Metaspace"]
+    return '"Prepend"' in json.dumps(tok.get("normalizer")) or any(m.get("prepend_scheme", "always") != "never" for m in metaspace)
 
 
 def add_vocab(writer, model_dir: Path, vocab_size: int) -> None:
@@ -82,14 +127,21 @@ def add_vocab(writer, model_dir: Path, vocab_size: int) -> None:
     from tokenizers import Tokenizer
     from transformers import AutoTokenizer
 
-    check_byte_level(model_dir)
+    tok = tokenizer_json(model_dir)
+    kind = llama_cpp_model(tok)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    tokens, types = token_list(tokenizer, vocab_size)
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre(pre_tokenizer(Tokenizer.from_file(str(model_dir / "tokenizer.json"))))
+    writer.add_tokenizer_model(kind)
+    if kind == "gpt2":
+        tokens, types = token_list(tokenizer, vocab_size)
+        writer.add_tokenizer_pre(pre_tokenizer(Tokenizer.from_file(str(model_dir / "tokenizer.json"))))
+    else:
+        tokens, scores, types = scored_tokens(tokenizer, tok, vocab_size)
+        writer.add_tokenizer_pre("default")
+        writer.add_token_scores(scores)
+        writer.add_add_space_prefix(space_prefix(tok))
     writer.add_token_list(tokens)
     writer.add_token_types(types)
-    special = gguf.SpecialVocab(model_dir, load_merges=True, n_vocab=vocab_size)
+    special = gguf.SpecialVocab(model_dir, load_merges=kind == "gpt2", n_vocab=vocab_size)
     ids = tokenizer("a")["input_ids"]  # whether the tokenizer itself adds BOS, where tokenizer_config.json does not say
     special.add_special_token.setdefault("bos", tokenizer.bos_token_id is not None and ids[0] == tokenizer.bos_token_id)
     special.add_to_gguf(writer, quiet=True)
