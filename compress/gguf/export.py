@@ -76,7 +76,10 @@ class GgufExport:
 
     # -- writing ------------------------------------------------------------------------------------------
     def stored(self, name: str, gguf_name: str, data: torch.Tensor) -> torch.Tensor:
-        """Rows of q and k (weights and biases) in llama.cpp's rotary order where the family needs it."""
+        """Rows of q and k (weights and biases) in llama.cpp's rotary order where the family needs it; a norm's
+        1 + w where the family's norms scale by that."""
+        if self.fam.norm_plus_one and role(gguf_name).endswith("norm"):
+            return data.float() + 1
         if not self.fam.permute_qk or role(gguf_name) not in ("attn_q", "attn_k"):
             return data
         return permute_rows(data, self.cfg.num_heads if role(gguf_name) == "attn_q" else self.cfg.num_kv_heads)
@@ -87,7 +90,7 @@ class GgufExport:
         tensors = self.model.reader(part, module) if lazy.is_lazy(module) else module.state_dict()
         for k, v in tensors.items():
             name = self.name(f"{part}.{k}")
-            self.file.write(name, rounding.weight_only(self.kinds[name], v)[0])
+            self.file.write(name, rounding.weight_only(self.kinds[name], self.stored(k, name, v))[0])
 
     def write_embedding(self) -> None:
         self.write_part("model.embed_tokens")

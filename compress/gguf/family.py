@@ -2,7 +2,10 @@
 
 llama.cpp's converter (convert_hf_to_gguf.py) is the reference for every key and tensor written here.
 Mistral is llama's architecture to llama.cpp; llama's q/k rows are stored with each head's rotary pairs
-interleaved (llama.cpp's "normal" rope), the Qwen families keep transformers' half-split order ("neox").
+interleaved (llama.cpp's "normal" rope), the Qwen and Gemma families keep transformers' half-split order
+("neox"). Gemma 2's norms are stored as 1 + w (llama.cpp multiplies by the weight; transformers by 1 + w), its
+soft-caps and sliding window as keys; llama.cpp slides the even layers and scales scores by 1/sqrt(head_dim)
+(1/sqrt(hidden/heads) for the 46-layer 27B), which a checkpoint must match to be written.
 """
 
 import math
@@ -18,14 +21,19 @@ from compress.model.config import ModelConfig
 class GgufFamily:
     arch: str  # general.architecture
     permute_qk: bool  # q/k rows reordered from transformers' half-split rotary layout to interleaved pairs
+    windows: str = "none"  # sliding windows: "none" refused, "dropped" (llama.cpp attends to all: Mistral, as its
+    # converter does), "even" (llama.cpp slides layers 0, 2, 4, ...: Gemma 2)
+    norm_plus_one: bool = False  # norms stored as 1 + w
 
 
 FAMILIES = {
     "llama": GgufFamily("llama", True),
-    "mistral": GgufFamily("llama", True),
+    "mistral": GgufFamily("llama", True, windows="dropped"),
     "qwen2": GgufFamily("qwen2", False),
     "qwen3": GgufFamily("qwen3", False),
+    "gemma2": GgufFamily("gemma2", False, windows="even", norm_plus_one=True),
 }
+GEMMA2_27B_LAYERS = 46  # llama.cpp's gemma2 scales scores by 1/sqrt(hidden/heads) for this shape alone
 ROPE_TYPES = ("linear", "llama3", "yarn")  # scalings llama.cpp reads for these architectures
 
 
@@ -39,11 +47,21 @@ def family(cfg: ModelConfig) -> GgufFamily:
     rope = (cfg.rope_scaling or {}).get("rope_type")
     if rope is not None and rope not in ROPE_TYPES:
         raise UserError(f"--format gguf: llama.cpp's {cfg.model_type} reads no '{rope}' rope scaling; use --format compressed-tensors")
-    # Mistral's window is dropped as llama.cpp's converter drops it (llama.cpp's llama attends to every token).
-    if cfg.partial_rotary_factor != 1.0 or (cfg.model_type != "mistral" and any(w is not None for w in cfg.windows())):
-        raise UserError(f"--format gguf: llama.cpp's {FAMILIES[cfg.model_type].arch} has no partial rotary or sliding "
-                        "window; use --format compressed-tensors for this checkpoint")
-    return FAMILIES[cfg.model_type]
+    fam = FAMILIES[cfg.model_type]
+    windows = cfg.windows()
+    allowed = {"none": [None] * len(windows), "dropped": windows,
+               "even": [cfg.sliding_window if i % 2 == 0 else None for i in range(len(windows))]}[fam.windows]
+    if cfg.partial_rotary_factor != 1.0 or windows != allowed:
+        raise UserError(f"--format gguf: llama.cpp's {fam.arch} has no partial rotary, or these layers' sliding windows; "
+                        "use --format compressed-tensors for this checkpoint")
+    if cfg.model_type == "gemma2" and abs(cfg.scale() - gemma2_scale(cfg)) > 1e-6 * cfg.scale():
+        raise UserError(f"--format gguf: llama.cpp's gemma2 scales attention by {gemma2_scale(cfg):.6g} for this shape, this "
+                        f"checkpoint by {cfg.scale():.6g} (query_pre_attn_scalar); use --format compressed-tensors")
+    return fam
+
+
+def gemma2_scale(cfg: ModelConfig) -> float:
+    return (cfg.hidden_size / cfg.num_heads if cfg.num_layers == GEMMA2_27B_LAYERS else cfg.head_dim) ** -0.5
 
 
 def hyperparameters(cfg: ModelConfig) -> dict[str, object]:
@@ -62,6 +80,10 @@ def hyperparameters(cfg: ModelConfig) -> dict[str, object]:
         "rope.dimension_count": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
     }
+    caps = {"attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
+    keys |= {k: float(v) for k, v in caps.items() if v is not None}
+    if FAMILIES[cfg.model_type].windows == "even":
+        keys["attention.sliding_window"] = cfg.sliding_window
     rope = cfg.rope_scaling or {}
     if rope.get("rope_type") == "linear":
         keys |= {"rope.scaling.type": "linear", "rope.scaling.factor": float(rope["factor"])}

@@ -46,15 +46,20 @@ def test_an_output_without_the_gguf_suffix_or_one_that_exists_is_refused(monkeyp
     assert code == 2 and "--force" in err and (tmp_path / "m.gguf").read_bytes() == b"keep"
 
 
-@pytest.mark.parametrize("kind", ["gemma2", "mixtral"])
-def test_a_family_llama_cpp_cannot_run_from_our_file_is_one_line(monkeypatch, capsys, tmp_path, smollm2_dir, kind):
-    src = save_hf(tiny_hf(kind, **SIZES), tmp_path / "src", smollm2_dir)
+@pytest.mark.parametrize("kind, overrides, says", [
+    ("phi3", {}, "phi3"), ("mixtral", {}, "mixtral"),
+    ("gemma2", {"query_pre_attn_scalar": 144}, "query_pre_attn_scalar"),  # llama.cpp would scale scores by 1/16
+    ("gemma2", {"layer_types": ["full_attention", "sliding_attention"]}, "sliding windows"),  # llama.cpp slides layer 0
+])
+def test_a_family_llama_cpp_cannot_run_from_our_file_is_one_line(monkeypatch, capsys, tmp_path, smollm2_dir, kind, overrides,
+                                                                 says):
+    src = save_hf(tiny_hf(kind, **SIZES, **overrides), tmp_path / "src", smollm2_dir)
     out = tmp_path / "out"
     out.mkdir()
     capsys.readouterr()  # save_hf's progress bar
     code, _, err = run_main(monkeypatch, capsys, "quantize", str(src), "--method", "rtn", "--format", "gguf",
                             "-o", str(out / "m.gguf"))
-    assert code == 2 and kind in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+    assert code == 2 and says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
     assert list(out.iterdir()) == []
 
 

@@ -14,7 +14,7 @@ from compress.models import load_model
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_fusion import join_projections
 from compress.runtime.cpu_linears import ByteLinear, NibbleLinear, cpu_linears
-from tests.gguf.test_export import IDS, source, write
+from tests.gguf.test_export import GEMMA2, IDS, source, write
 
 
 def test_unpermute_rows_inverts_llama_cpps_rotary_permute():
@@ -80,10 +80,24 @@ def test_q4_k_m_file_keeps_ggml_s_codes_of_each_type(q4_k_m_gguf):
     assert err < 0.02  # only x's 8-bit rounding
 
 
-def test_built_in_model_is_the_unquantized_source(tmp_path, monkeypatch, smollm2_dir):
+def test_gemma2_file_keeps_its_codes_and_computes_as_transformers_reads_it(tmp_path, monkeypatch, smollm2_dir):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setattr(models, "builtin_gguf", lambda name: write(source(tmp_path, "llama", smollm2_dir), tmp_path / "b.gguf",
-                                                                   gguf_type="Q8_0"))
+    src = source(tmp_path, "gemma2", smollm2_dir, tie_word_embeddings=True, **GEMMA2)
+    path = write(src, tmp_path / "m.gguf", gguf_type="Q8_0")  # Q8_0: the quickest rounding of the 49,152-row table
+    back = models.resolve(str(path))
+    model = load_model(back)
+    assert isinstance(model.model.layers[1].self_attn.q_proj, GgufLinear)  # the file's codes, no q/k permutation
+    dequantized = tmp_path / "dequantized"
+    dequantized.mkdir()
+    convert_gguf(path, dequantized)  # transformers' reading: norms back to w (the file holds 1 + w), soft-caps, window
+    with torch.no_grad():
+        ours, ref = model(IDS), load_model(dequantized)(IDS)
+    assert (ours - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
+
+
+def test_built_in_model_is_the_unquantized_source(tmp_path, monkeypatch, q4_k_m_gguf):
+    monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(models, "builtin_gguf", lambda name: q4_k_m_gguf[0])  # a file whose codes would be kept
     back = models.resolve(models.DEFAULT_MODEL)
     assert not models.is_quantized(back) and read_manifest(back) is None  # fp32: what the methods start from
 
