@@ -43,7 +43,8 @@ from compress.model.config import ModelConfig
 from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_kernels import decode_candidates
-from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch, use_plan
+from compress.runtime.cpu_linears import Group, use_plan
+from compress.runtime.cpu_modules import CpuLinear, NibbleLinear, Scratch
 from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan, buckets, confirmed, decide, time_candidates
 from compress.runtime.linear_timing import ROTATION_BYTES, SLICE_MIN, candidates
 

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from compress.model.arch import MLP_NAMES
-from compress.runtime.cpu_linears import ByteLinear, CpuLinear, NibbleLinear
+from compress.runtime.cpu_modules import ByteLinear, CpuLinear, NibbleLinear
 
 # (the attribute of the joined Linear, the Linears a module reads one input with, the name a family that stores them
 # joined gives them: Phi-3's qkv_proj / gate_up_proj are taken over as they are). Every module of a block that declares

@@ -24,7 +24,8 @@ from compress.kernels import (byte_q8_cpu, decode_step_cpu, linear_cpu, nibble_l
 from compress.model.arch import Norms
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata
-from compress.runtime.cpu_linears import ByteLinear, CpuLinear, NibbleLinear, op_of
+from compress.runtime.cpu_linears import op_of
+from compress.runtime.cpu_modules import ByteLinear, CpuLinear, NibbleLinear
 from compress.runtime.cpu_norms import CpuRMSNorm, use_c
 
 

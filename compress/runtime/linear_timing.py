@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 
 from compress.kernels import linear_cpu, panel_cpu
-from compress.runtime.cpu_linears import CpuLinear, Group
+from compress.runtime.cpu_linears import Group
+from compress.runtime.cpu_modules import CpuLinear
 from compress.runtime.kernel_choice import C, PANEL, TORCH
 
 # A timing pass streams at least this many fp32-equivalent weight bytes where they fit (distinct

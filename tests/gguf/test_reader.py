@@ -13,7 +13,8 @@ from compress.model.load import convert_gguf, open_decoder
 from compress.models import load_model
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_fusion import join_projections
-from compress.runtime.cpu_linears import ByteLinear, NibbleLinear, cpu_linears
+from compress.runtime.cpu_linears import cpu_linears
+from compress.runtime.cpu_modules import ByteLinear, NibbleLinear
 from tests.gguf.test_export import GEMMA2, IDS, source, write
 
 

@@ -7,7 +7,8 @@ from torch import nn
 from compress.kernels import linear_cpu, nibble_linear_cpu
 from compress.models import load_model
 from compress.runtime.cpu_fusion import join_projections
-from compress.runtime.cpu_linears import CpuLinear, NibbleLinear, cpu_linears
+from compress.runtime.cpu_linears import cpu_linears
+from compress.runtime.cpu_modules import CpuLinear, NibbleLinear
 from tests.runtime.test_model_runner import quantized_dir, set_kernel
 
 

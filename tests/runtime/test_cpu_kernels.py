@@ -6,7 +6,8 @@ import torch
 from compress.kernels import linear_cpu, nibble_linear_cpu, nibble_panel_cpu, paged_attention_cpu, panel_cpu, rms_norm_cpu, rope_cpu
 from compress.model.config import ModelConfig
 from compress.runtime import SamplingParams, cpu_kernels, linear_timing, model_runner
-from compress.runtime.cpu_linears import CpuLinear, Group, NibbleLinear, Scratch
+from compress.runtime.cpu_linears import Group
+from compress.runtime.cpu_modules import CpuLinear, NibbleLinear, Scratch
 from compress.runtime.linear_timing import candidates, rotation
 from compress.runtime.kernel_choice import C, PANEL, TORCH, Plan, buckets
 from tests.runtime.conftest import make_llm

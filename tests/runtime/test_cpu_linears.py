@@ -8,7 +8,8 @@ from compress.errors import UserError
 from compress.kernels import int8_rows_cpu, nibble_q8_cpu
 from compress.models import load_model
 from compress.runtime.config import EngineConfig
-from compress.runtime.cpu_linears import Int8Linear, NibbleLinear, cpu_linears
+from compress.runtime.cpu_linears import cpu_linears
+from compress.runtime.cpu_modules import Int8Linear, NibbleLinear
 from tests.runtime.test_model_runner import quantized_dir, set_kernel
 
 

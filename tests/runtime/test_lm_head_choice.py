@@ -7,7 +7,7 @@ from compress.kernels import int8_rows_cpu
 from compress.runtime import SamplingParams
 from compress.runtime import config as engine_config
 from compress.runtime.config import EngineConfig
-from compress.runtime.cpu_linears import Int8Linear
+from compress.runtime.cpu_modules import Int8Linear
 from tests.conftest import save_hf, tiny_hf
 from tests.runtime.conftest import make_llm
 

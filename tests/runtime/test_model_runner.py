@@ -10,7 +10,8 @@ from compress.quant.export import write_quantized
 from compress.quant.linear import PackedLinear
 from compress.kernels import linear_cpu, nibble_linear_cpu, nibble_panel_cpu
 from compress.runtime import SamplingParams
-from compress.runtime.cpu_linears import CpuLinear, NibbleLinear, cpu_linears
+from compress.runtime.cpu_linears import cpu_linears
+from compress.runtime.cpu_modules import CpuLinear, NibbleLinear
 from tests.conftest import save_hf, tiny_hf
 from tests.runtime.conftest import make_llm, random_prompts
 

@@ -14,7 +14,7 @@ from compress.quant.apply import quantize
 from compress.quant.config import QuantConfig
 from compress.quant.export import write_quantized
 from compress.runtime import SamplingParams
-from compress.runtime.cpu_linears import CpuLinear, NibbleLinear
+from compress.runtime.cpu_modules import CpuLinear, NibbleLinear
 from compress.runtime.cpu_step import eligible, simple_layers
 from tests.conftest import save_hf, tiny_hf
 from tests.families import MOE_FAMILIES

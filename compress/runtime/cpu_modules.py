@@ -1,0 +1,185 @@
+"""The modules the CPU path runs a Linear as (swapped in by ``cpu_linears``): ``CpuLinear`` over an fp32 weight,
+``HeldLinear`` s over a compressed one (``NibbleLinear``, ``ByteLinear``, ``Int8Linear``), each calling, per its row
+count, the C kernel, the panel GEMM or torch's GEMM over a dequantized ``Scratch`` (cpu_linears.py says what each
+holds in memory).
+"""
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu, panel_cpu
+
+
+def frozen_bias(bias: torch.Tensor | None) -> nn.Parameter | None:
+    return None if bias is None else nn.Parameter(bias.detach(), requires_grad=False)
+
+
+def use_at(table: list[bool], rows: int) -> bool:
+    return table[rows] if rows < len(table) else table[-1]
+
+
+class CpuLinear(nn.Module):
+    """An fp32 Linear that runs the C GEMM, the panel GEMM or torch's per its row count (``use_c[rows]``,
+    ``use_panel[rows]``), over one weight."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        super().__init__()
+        self.out_features, self.in_features = weight.shape
+        self.weight = weight if isinstance(weight, nn.Parameter) and weight.is_contiguous() else \
+            nn.Parameter(weight.detach().contiguous(), requires_grad=False)
+        self.bias = frozen_bias(bias)
+        self.use_c = [False]  # set from the Plan of its shape
+        self.use_panel = [False]
+        self.fuse_c = [False]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if use_at(self.use_c, rows):
+            return linear_cpu.unchecked(x, self.weight, self.bias)
+        if use_at(self.use_panel, rows):
+            return panel_cpu.unchecked(x, self.weight, self.bias)
+        return F.linear(x, self.weight, self.bias)
+
+
+class Scratch:
+    """One fp32 buffer that NibbleLinears' torch path dequantizes into, grown to the largest weight asked."""
+
+    def __init__(self):
+        self.buffer = torch.empty(0)
+
+    def take(self, numel: int) -> torch.Tensor:
+        if self.buffer.numel() < numel:
+            self.buffer = torch.empty(numel)
+        return self.buffer
+
+
+class HeldLinear(nn.Module):
+    """A Linear whose weight is held compressed (``packed``): per its row count the C ``kernel`` over it
+    (``use_c[rows]``), the ``panel`` GEMM dequantizing into its panels (``use_panel[rows]``), or ``dequantize``
+    into the shared Scratch and torch's GEMM."""
+
+    # Subclasses name the kernel module's functions as properties, looked up at each call (tests replace them):
+    # kernel and panel (x, packed, bias) -> y, dequantize (packed, out buffer) -> weight [O, I] fp32.
+
+    def __init__(self, packed: dict[str, torch.Tensor], out_features: int, in_features: int, bias: torch.Tensor | None,
+                 scratch: Scratch):
+        """packed: the kernel's tensors in its order, by the buffer names they are held under."""
+        super().__init__()
+        self.out_features, self.in_features = out_features, in_features
+        self.names = list(packed)
+        for name, t in packed.items():
+            self.register_buffer(name, t)
+        self.bias = frozen_bias(bias)
+        self.scratch = scratch
+        self.use_c = [True]
+        self.use_panel = [False]
+        self.fuse_c = [True]
+
+    @property
+    def packed(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.names)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if use_at(self.use_c, rows):
+            return self.kernel(x, self.packed, self.bias)
+        if use_at(self.use_panel, rows):
+            return self.panel(x, self.packed, self.bias)
+        weight = self.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features))  # [O, I]
+        return F.linear(x, weight, self.bias)
+
+
+class NibbleLinear(HeldLinear):
+    """An int4/int3 PackedLinear held as nibbles (``nibble_linear_cpu.pack``); with ``int8_activations`` its C
+    path rounds x to int8 per block of 32 and takes integer dot products (``nibble_q8_cpu``)."""
+
+    NAMES = ("codes", "scales", "offsets")  # [O, I/2] uint8, [O, G] fp32, [O, G] fp32
+
+    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch, int8_activations: bool = False):
+        """packed: ``nibble_linear_cpu.pack``'s tensors by NAMES (several weights' rows may be joined, cpu_fusion.py)."""
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
+        self.int8_activations = int8_activations
+
+    @classmethod
+    def from_codes(cls, codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch,
+                   int8_activations: bool = False) -> "NibbleLinear":
+        """codes uint8 [O, I], scale and zero [O, G]: a PackedLinear's ``codes()``."""
+        return cls(dict(zip(cls.NAMES, nibble_linear_cpu.pack(codes, scale, zero))), bias, scratch, int8_activations)
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features // self.scales.shape[1]
+
+    @property
+    def kernel(self) -> Callable:
+        return nibble_q8_cpu.unchecked if self.int8_activations else nibble_linear_cpu.unchecked
+
+    @property
+    def panel(self) -> Callable:
+        return nibble_panel_cpu.unchecked
+
+    @property
+    def panel_ready(self) -> bool:
+        return nibble_panel_cpu.load() is not None
+
+    @property
+    def dequantize(self) -> Callable:
+        return nibble_linear_cpu.dequantize
+
+
+class ByteLinear(HeldLinear):
+    """Signed 8-bit codes with an fp32 scale per group (``byte_q8_cpu``): a GGUF's Q5_0, Q6_K and Q8_0 Linears, int8
+    activations per block of 32 (llama.cpp's arithmetic)."""
+
+    NAMES = ("codes", "scales")  # [O, I] int8, [O, G] fp32
+    int8_activations = True
+
+    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
+        super().__init__(packed, *packed["codes"].shape, bias, scratch)
+
+    @property
+    def group_size(self) -> int:
+        return self.in_features // self.scales.shape[1]
+
+    @property
+    def kernel(self) -> Callable:
+        return byte_q8_cpu.unchecked
+
+    @property
+    def panel(self) -> Callable:
+        raise NotImplementedError("ByteLinear has no panel path")
+
+    @property
+    def panel_ready(self) -> bool:
+        return False
+
+    @property
+    def dequantize(self) -> Callable:
+        return byte_q8_cpu.dequantize
+
+
+class Int8Linear(HeldLinear):
+    """A Linear held as int8 per output row (``int8_rows_cpu``): the lm_head where the user asks for it."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, scratch: Scratch):
+        packed = dict(zip(("codes", "scales"), int8_rows_cpu.quantize(weight.detach())))  # [O, I] int8, [O] fp32
+        super().__init__(packed, *weight.shape, bias, scratch)
+
+    @property
+    def kernel(self) -> Callable:
+        return int8_rows_cpu.unchecked
+
+    @property
+    def panel(self) -> Callable:
+        return int8_rows_cpu.panel
+
+    @property
+    def panel_ready(self) -> bool:
+        return True  # built with the kernel itself
+
+    @property
+    def dequantize(self) -> Callable:
+        return int8_rows_cpu.dequantize
