@@ -125,13 +125,16 @@ def test_transformers_loads_fp8(tmp_path, static):
     model, out = quantized_tiny(tmp_path, static)
     # A plain from_pretrained keeps the activation scheme (dequantize=True would drop it).
     hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
-    ids = torch.randint(0, 256, (2, 12))
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours, theirs = model(ids), hf(ids).logits
     fp = load_model(tmp_path / "src")
     with torch.no_grad():
         quant_error = (fp(ids) - ours).abs().max().item()
-    assert (theirs - ours).abs().max().item() <= 1e-4 < quant_error  # they run fp8 activations too
+    diff = (theirs - ours).abs()
+    # They run fp8 activations too: the same numbers, except where an activation sits on an e4m3 tie that the two
+    # summation orders break apart (one such flip moved logits by 0.007 on an AVX-512 host; fp8 itself moves them ~0.03).
+    assert diff.median().item() <= 1e-6 and diff.max().item() <= 0.5 * quant_error
 
 
 def test_nearest_rounding_gives_the_old_weights_bit_for_bit(tmp_path):
