@@ -3,9 +3,10 @@
 llama.cpp's converter (convert_hf_to_gguf.py) is the reference for every key and tensor written here.
 Mistral is llama's architecture to llama.cpp; llama's q/k rows are stored with each head's rotary pairs
 interleaved (llama.cpp's "normal" rope), the Qwen and Gemma families keep transformers' half-split order
-("neox"). Gemma 2's norms are stored as 1 + w (llama.cpp multiplies by the weight; transformers by 1 + w), its
-soft-caps and sliding window as keys; llama.cpp slides the even layers and scales scores by 1/sqrt(head_dim)
-(1/sqrt(hidden/heads) for the 46-layer 27B), which a checkpoint must match to be written.
+("neox"). Gemma's norms (q/k norms too) are stored as 1 + w (llama.cpp multiplies by the weight; transformers by
+1 + w), soft-caps and the sliding window as keys. What llama.cpp assumes rather than reads (which layers slide,
+the attention scale 1/sqrt(head_dim) or for the 27B shapes 1/sqrt(hidden/heads), Gemma 3's sliding layers' rope
+base 10000) a checkpoint must match to be written.
 """
 
 import math
@@ -21,19 +22,21 @@ from compress.model.config import ModelConfig
 class GgufFamily:
     arch: str  # general.architecture
     permute_qk: bool  # q/k rows reordered from transformers' half-split rotary layout to interleaved pairs
-    windows: str = "none"  # sliding windows: "none" refused, "dropped" (llama.cpp attends to all: Mistral, as its
-    # converter does), "even" (llama.cpp slides layers 0, 2, 4, ...: Gemma 2)
+    swa_period: int = 0  # llama.cpp slides layers i with i % n < n - 1 (Gemma 2: 2, Gemma 3: 6); 0: no sliding window
+    drop_windows: bool = False  # a window is dropped, llama.cpp attending to every token (Mistral, as its converter)
     norm_plus_one: bool = False  # norms stored as 1 + w
+    wide_scale_layers: int = 0  # the layer count at which llama.cpp scales scores by 1/sqrt(hidden/heads) (Gemma's 27B)
+    local_rope_theta: float | None = None  # the sliding layers' rope base llama.cpp assumes (Gemma 3), unscaled
 
 
 FAMILIES = {
     "llama": GgufFamily("llama", True),
-    "mistral": GgufFamily("llama", True, windows="dropped"),
+    "mistral": GgufFamily("llama", True, drop_windows=True),
     "qwen2": GgufFamily("qwen2", False),
     "qwen3": GgufFamily("qwen3", False),
-    "gemma2": GgufFamily("gemma2", False, windows="even", norm_plus_one=True),
+    "gemma2": GgufFamily("gemma2", False, swa_period=2, norm_plus_one=True, wide_scale_layers=46),
+    "gemma3_text": GgufFamily("gemma3", False, swa_period=6, norm_plus_one=True, wide_scale_layers=62, local_rope_theta=10000.0),
 }
-GEMMA2_27B_LAYERS = 46  # llama.cpp's gemma2 scales scores by 1/sqrt(hidden/heads) for this shape alone
 ROPE_TYPES = ("linear", "llama3", "yarn")  # scalings llama.cpp reads for these architectures
 
 
@@ -48,20 +51,23 @@ def family(cfg: ModelConfig) -> GgufFamily:
     if rope is not None and rope not in ROPE_TYPES:
         raise UserError(f"--format gguf: llama.cpp's {cfg.model_type} reads no '{rope}' rope scaling; use --format compressed-tensors")
     fam = FAMILIES[cfg.model_type]
-    windows = cfg.windows()
-    allowed = {"none": [None] * len(windows), "dropped": windows,
-               "even": [cfg.sliding_window if i % 2 == 0 else None for i in range(len(windows))]}[fam.windows]
+    windows, n = cfg.windows(), fam.swa_period
+    allowed = windows if fam.drop_windows else [cfg.sliding_window if n and i % n < n - 1 else None for i in range(len(windows))]
     if cfg.partial_rotary_factor != 1.0 or windows != allowed:
         raise UserError(f"--format gguf: llama.cpp's {fam.arch} has no partial rotary, or these layers' sliding windows; "
                         "use --format compressed-tensors for this checkpoint")
-    if cfg.model_type == "gemma2" and abs(cfg.scale() - gemma2_scale(cfg)) > 1e-6 * cfg.scale():
-        raise UserError(f"--format gguf: llama.cpp's gemma2 scales attention by {gemma2_scale(cfg):.6g} for this shape, this "
-                        f"checkpoint by {cfg.scale():.6g} (query_pre_attn_scalar); use --format compressed-tensors")
+    if abs(cfg.scale() - llama_cpp_scale(cfg, fam)) > 1e-6 * cfg.scale():
+        raise UserError(f"--format gguf: llama.cpp's {fam.arch} scales attention by {llama_cpp_scale(cfg, fam):.6g} for this "
+                        f"shape, this checkpoint by {cfg.scale():.6g} (query_pre_attn_scalar); use --format compressed-tensors")
+    local = cfg.local_rope
+    if local is not None and (local.get("rope_type", "default") != "default" or local.get("rope_theta") != fam.local_rope_theta):
+        raise UserError(f"--format gguf: llama.cpp's {fam.arch} rotates sliding layers with base {fam.local_rope_theta}, "
+                        f"this checkpoint with {local}; use --format compressed-tensors")
     return fam
 
 
-def gemma2_scale(cfg: ModelConfig) -> float:
-    return (cfg.hidden_size / cfg.num_heads if cfg.num_layers == GEMMA2_27B_LAYERS else cfg.head_dim) ** -0.5
+def llama_cpp_scale(cfg: ModelConfig, fam: GgufFamily) -> float:
+    return (cfg.hidden_size / cfg.num_heads if cfg.num_layers == fam.wide_scale_layers else cfg.head_dim) ** -0.5
 
 
 def hyperparameters(cfg: ModelConfig) -> dict[str, object]:
@@ -82,7 +88,7 @@ def hyperparameters(cfg: ModelConfig) -> dict[str, object]:
     }
     caps = {"attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
     keys |= {k: float(v) for k, v in caps.items() if v is not None}
-    if FAMILIES[cfg.model_type].windows == "even":
+    if FAMILIES[cfg.model_type].swa_period:
         keys["attention.sliding_window"] = cfg.sliding_window
     rope = cfg.rope_scaling or {}
     if rope.get("rope_type") == "linear":

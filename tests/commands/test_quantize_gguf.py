@@ -50,6 +50,9 @@ def test_an_output_without_the_gguf_suffix_or_one_that_exists_is_refused(monkeyp
     ("phi3", {}, "phi3"), ("mixtral", {}, "mixtral"),
     ("gemma2", {"query_pre_attn_scalar": 144}, "query_pre_attn_scalar"),  # llama.cpp would scale scores by 1/16
     ("gemma2", {"layer_types": ["full_attention", "sliding_attention"]}, "sliding windows"),  # llama.cpp slides layer 0
+    ("gemma3_text", {"head_dim": 256, "query_pre_attn_scalar": 256, "rope_parameters": {  # llama.cpp assumes 1e4
+        "full_attention": {"rope_type": "default", "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 2e4}}}, "rotates sliding layers"),
 ])
 def test_a_family_llama_cpp_cannot_run_from_our_file_is_one_line(monkeypatch, capsys, tmp_path, smollm2_dir, kind, overrides,
                                                                  says):

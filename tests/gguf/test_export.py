@@ -61,12 +61,15 @@ def remembered_rounding(monkeypatch):
 # Gemma 2 as transformers' GGUF reader rebuilds it (its defaults: soft-caps 50 and 30, query_pre_attn_scalar 256 =
 # head_dim), with a window of 4 so that the 12-token input slides in layer 0.
 GEMMA2 = dict(sliding_window=4, head_dim=256, query_pre_attn_scalar=256)
+# Gemma 3 likewise (its rope bases 1e6 global and 1e4 sliding), 6 layers: llama.cpp's pattern of five sliding, one full.
+GEMMA3 = GEMMA2 | dict(num_hidden_layers=6)
+OVERRIDES = {"gemma2": GEMMA2, "gemma3_text": GEMMA3}
 
 
-@pytest.mark.parametrize("kind", (*FAMILIES, "gemma2"))
+@pytest.mark.parametrize("kind", (*FAMILIES, *OVERRIDES))
 def test_unquantized_file_reads_back_as_the_same_model(tmp_path, monkeypatch, smollm2_dir, kind):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
-    src = source(tmp_path, kind, smollm2_dir, tie_word_embeddings=kind in ("qwen3", "gemma2"), **(GEMMA2 if kind == "gemma2" else {}))
+    src = source(tmp_path, kind, smollm2_dir, tie_word_embeddings=kind in ("qwen3", *OVERRIDES), **OVERRIDES.get(kind, {}))
     out = write(src, tmp_path / "m.gguf", gguf_type="F32")
     back = models.resolve(str(out))  # transformers' GGUF reader: config from our metadata, q/k rows un-permuted
     ref = logits(src)
