@@ -47,9 +47,9 @@ def q4_0_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> PackedLin
     return new
 
 
-def linear_tensors(gguf_path: Path, model: Decoder) -> dict[tuple[int, str], tuple] | None:
-    """(layer, Linear name) -> (GGUF tensor, heads) for every decoder Linear when each is of a type in TYPES, else
-    None; heads: the q/k head count of a family whose converter permutes those rows."""
+def linear_tensors(gguf_path: Path, model: Decoder) -> tuple[dict[tuple[int, str], tuple], str] | None:
+    """({(layer, Linear name): (GGUF tensor, heads)}, the output layer's type) when every decoder Linear is of a type
+    in TYPES, else None; heads: the q/k head count of a family whose converter permutes those rows."""
     from gguf import GGUFReader
 
     try:
@@ -66,9 +66,8 @@ def linear_tensors(gguf_path: Path, model: Decoder) -> dict[tuple[int, str], tup
                 return None
             heads = {"attn_q": model.cfg.num_heads, "attn_k": model.cfg.num_kv_heads}.get(role(gguf_name)) if fam.permute_qk else None
             found[(i, n)] = (tensor, heads)
-    types = {t.name: t.tensor_type.name for t in tensors.values()}
-    found["output"] = types.get("output.weight", types["token_embd.weight"])
-    return found
+    output = tensors.get("output.weight", tensors["token_embd.weight"])  # the embedding where the file ties them
+    return found, output.tensor_type.name
 
 
 def gguf_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> GgufLinear:
@@ -91,12 +90,12 @@ def convert(gguf_path: Path, out_dir: Path, keep_codes: bool = True) -> None:
     two carry compress.json's "gguf" entry: the engine then computes as llama.cpp does by default (int8 activations; the
     lm_head as int8 rows where the file's is quantized)."""
     model = load.gguf_decoder(gguf_path)
-    linears = linear_tensors(gguf_path, model) if keep_codes else None
-    if linears is None:
+    kept = linear_tensors(gguf_path, model) if keep_codes else None
+    if kept is None:
         load.save_decoder(model, out_dir)
         load.save_gguf_tokenizer(gguf_path, out_dir)
         return
-    output = linears.pop("output")
+    linears, output = kept
     kinds = sorted({tensor.tensor_type.name for tensor, _ in linears.values()})
     if kinds == ["Q4_0"]:
         swap(model, linears, q4_0_linear)

@@ -179,6 +179,10 @@ class GgufLinear(nn.Module):
             new.bias.data.copy_(bias.detach())
         return new
 
+    @property
+    def bits(self) -> int:
+        return TYPES[self.kind].bits
+
     def dequantized(self) -> torch.Tensor:
         groups = self.weight_scale.shape[1]
         w = self.weight_codes.float().view(self.out_features, groups, -1) * self.weight_scale.unsqueeze(-1)  # [O, G, g]

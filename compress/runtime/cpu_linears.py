@@ -31,7 +31,6 @@ import torch
 from torch import nn
 
 from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu
-from compress.quant.gguf_blocks import TYPES as GGUF_TYPES
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_modules import ByteLinear, CpuLinear, HeldLinear, Int8Linear, NibbleLinear, Scratch, frozen_bias
 from compress.runtime.kernel_choice import C, FUSE_MARGIN, PANEL, TORCH, Plan
@@ -53,7 +52,7 @@ def dense_linear(m: PackedLinear, weight: torch.Tensor) -> nn.Linear:
 def swap_gguf(m: GgufLinear, scratch: Scratch, int8_activations: bool) -> nn.Module:
     """The held module of a GGUF read's Linear: nibbles (4-bit types), bytes (wider ones, int8 activations), else fp32."""
     scale = m.weight_scale.float().contiguous()
-    if GGUF_TYPES[m.kind].bits == 4:
+    if m.bits == 4:
         if nibble_linear_cpu.supports(scale, m.in_features):
             unsigned = m.weight_codes if m.weight_offset is not None else (m.weight_codes.to(torch.int16) + 8).to(torch.uint8)
             offset = m.weight_offset if m.weight_offset is not None else -8 * scale  # Q4_0: s (c + 8) - 8 s, exact
