@@ -62,13 +62,23 @@ def our_greedy(path: Path, prompts: list[list[int]], max_tokens: int) -> list[li
 
 
 class Files:
-    """The files of one comparison under ``out``, with their quantize seconds in out/seconds.json; ``reuse``: a file
-    already there (from an earlier run of the same model) is kept with its recorded seconds."""
+    """The files of one comparison under ``out``, with their quantize seconds in out/seconds.json and their
+    perplexities in out/scores.json; ``reuse``: a file already there (from an earlier run of the same model) is kept
+    with its recorded seconds, and a score on the same windows is not computed again (an interrupted run resumes)."""
 
     def __init__(self, out: Path, reuse: bool):
-        self.out, self.log = out, out / "seconds.json"
+        self.out, self.log, self.scores_log = out, out / "seconds.json", out / "scores.json"
         self.seconds = json.loads(self.log.read_text()) if reuse and self.log.is_file() else {}
+        self.scores = json.loads(self.scores_log.read_text()) if reuse and self.scores_log.is_file() else {}
         self.rows: list[dict] = []
+
+    def score(self, row: dict, wins: torch.Tensor, threads: int) -> None:
+        """row's ppl_llamacpp and ppl_ours on the windows [W, T], computed once per file and windows."""
+        key = f"{row['path'].name} {wins.shape[0]}x{wins.shape[1]}"
+        if key not in self.scores:
+            self.scores[key] = [llamacpp_files.perplexity(row["path"], wins, threads), our_perplexity(row["path"], wins)]
+            self.scores_log.write_text(json.dumps(self.scores, indent=1))
+        row["ppl_llamacpp"], row["ppl_ours"] = self.scores[key]
 
     def add(self, gguf_type: str, by: str, name: str, make) -> None:
         path = self.out / name
@@ -78,7 +88,7 @@ class Files:
         self.rows.append({"type": gguf_type, "by": by, "path": path, "seconds": self.seconds[name]})
 
 
-def files_of(model: str, files: Files, types: list[str], src: Path, tokenizer, ar_cfg: dict | None, threads: int) -> list[dict]:
+def files_of(model: str, files: Files, types: list[str], src: Path, tokenizer, ar_cfgs: list[dict], threads: int) -> list[dict]:
     """Write every file; one row per file: type, who made it, path, quantize seconds."""
     for ref in ("F32", "F16"):
         files.add(ref, "compress", f"{ref.lower()}.gguf", lambda path, ref=ref: ours(model, path, "rtn", ref))
@@ -87,9 +97,9 @@ def files_of(model: str, files: Files, types: list[str], src: Path, tokenizer, a
                   lambda path, t=t: llamacpp_files.quantize(files.out / "f32.gguf", path, t, threads))
         for m in (["int8"] if t == "Q8_0" else ["rtn", "awq"]):
             files.add(t, f"compress {m}", f"compress-{m}-{t}.gguf", lambda path, t=t, m=m: ours(model, path, m, t))
-        if ar_cfg is not None and FILE_TYPES[t].bits == 4:
-            files.add(t, f"AutoRound iters {ar_cfg['iters']}", f"autoround-{ar_cfg['iters']}-{t}.gguf",
-                      lambda path, t=t: autoround(src, tokenizer, path, t, **ar_cfg))
+        for cfg in ar_cfgs if FILE_TYPES[t].bits == 4 else []:
+            files.add(t, f"AutoRound iters {cfg['iters']}", f"autoround-{cfg['iters']}-{t}.gguf",
+                      lambda path, t=t, cfg=cfg: autoround(src, tokenizer, path, t, **cfg))
     return files.rows
 
 
@@ -127,7 +137,7 @@ def greedy_lines(rows: list[dict], tokenizer, max_tokens: int, threads: int) -> 
 @click.option("--types", default="Q4_0,Q4_K_M,Q8_0", show_default=True)
 @click.option("--limit-tokens", default=40960, show_default=True, help="WikiText-2 tokens scored (whole windows)")
 @click.option("--seq-len", default=2048, show_default=True)
-@click.option("--autoround-iters", default=None, type=int, help="also AutoRound's GGUF export, at these iterations")
+@click.option("--autoround-iters", default="", help="also AutoRound's GGUF export at these iterations (e.g. 0,50; 0 is its RTN mode)")
 @click.option("--autoround-samples", default=128, show_default=True)
 @click.option("--autoround-seqlen", default=512, show_default=True)
 @click.option("--max-tokens", default=24, show_default=True, help="greedy tokens per README prompt")
@@ -142,15 +152,19 @@ def main(model, out, types, limit_tokens, seq_len, autoround_iters, autoround_sa
     threads = torch.get_num_threads()
     src = models.resolve(model)
     tokenizer = models.load_tokenizer(src)
-    ar_cfg = None if autoround_iters is None else {"iters": autoround_iters, "nsamples": autoround_samples, "seqlen": autoround_seqlen}
+    try:
+        iters = [int(n) for n in autoround_iters.split(",") if n.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{autoround_iters!r}: give whole numbers separated by commas", param_hint="--autoround-iters") from None
+    ar_cfgs = [{"iters": n, "nsamples": autoround_samples, "seqlen": autoround_seqlen} for n in iters]
     cpu, flags = cpu_info()
     print(f"{model} on {cpu}; flags: {' '.join(flags)}; {threads} threads; {time.strftime('%Y-%m-%d')}", flush=True)
-    rows = files_of(model, Files(out, reuse), types, src, tokenizer, ar_cfg, threads)
+    files = Files(out, reuse)
+    rows = files_of(model, files, types, src, tokenizer, ar_cfgs, threads)
     wins = windows(wikitext_tokens(tokenizer), PerplexityConfig(seq_len=seq_len, limit_tokens=limit_tokens))  # [W, T]
     for r in rows:
         r["bytes"] = r["path"].stat().st_size
-        r["ppl_llamacpp"] = llamacpp_files.perplexity(r["path"], wins, threads)
-        r["ppl_ours"] = our_perplexity(r["path"], wins)
+        files.score(r, wins, threads)
         print(f"{r['type']} {r['by']}: llama.cpp {r['ppl_llamacpp']:.4f}, compress {r['ppl_ours']:.4f}", flush=True)
     print(f"\nWikiText-2 first {wins.numel()} tokens, {wins.shape[0]} windows of {seq_len}; gaps to the {REFERENCE} file\n")
     print(table(rows))

@@ -90,7 +90,8 @@ class GgufExport:
         tensors = self.model.reader(part, module) if lazy.is_lazy(module) else module.state_dict()
         for k, v in tensors.items():
             name = self.name(f"{part}.{k}")
-            self.file.write(name, rounding.weight_only(self.kinds[name], self.stored(k, name, v))[0])
+            kind = self.kinds[name]
+            self.file.write(name, rounding.weight_only(kind, self.stored(k, name, v), False, f"{name} {kind}")[0])
 
     def write_embedding(self) -> None:
         self.write_part("model.embed_tokens")

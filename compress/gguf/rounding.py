@@ -10,6 +10,7 @@ import functools
 from collections.abc import Callable
 
 import torch
+from tqdm import tqdm
 
 from compress.quant.awq import GridSearch, side_by_side
 from compress.quant.awq_apply import Job
@@ -31,9 +32,9 @@ def weight_of(kind: str, codes: torch.Tensor, grid: Grid) -> torch.Tensor:
     return codes.float() * expand(grid.a, g) + expand(grid.b, g)
 
 
-def unquantized(kind: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def unquantized(kind: str, w: torch.Tensor, keep_weight: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     stored = w.to(torch.float16 if kind == "F16" else torch.float32)
-    return stored, stored.float()
+    return stored, stored.float() if keep_weight else None
 
 
 def tiles(w: torch.Tensor) -> list[slice]:
@@ -41,23 +42,30 @@ def tiles(w: torch.Tensor) -> list[slice]:
     return [slice(r0, r0 + rows) for r0 in range(0, w.shape[0], rows)]
 
 
-def weight_only(kind: str, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bytes uint8 [O, nbytes], weight fp32 [O, I]) of w [O, I] (any float dtype) rounded to nearest on our searched
-    grid (no calibration: every column weighs the same). Rows are searched a tile at a time (an 8B model's 128k-row
-    embedding is never widened whole), the tiles side by side."""
+def weight_only(kind: str, w: torch.Tensor, keep_weight: bool = True, desc: str | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(bytes uint8 [O, nbytes], weight fp32 [O, I] or None unless ``keep_weight``) of w [O, I] (any float dtype)
+    rounded to nearest on our searched grid (no calibration: every column weighs the same). Rows are searched a tile
+    at a time (an 8B model's 152k-row embedding is never widened whole, and is only written: no fp32 copy), the
+    tiles side by side; ``desc``: a progress bar of rows with that label."""
     if kind in ("F16", "F32"):
-        return unquantized(kind, w)
+        return unquantized(kind, w, keep_weight)
     t = TYPES[kind]
     raw = torch.empty(w.shape[0], w.shape[1] // t.block * t.type_size, dtype=torch.uint8)
-    out = torch.empty(w.shape, dtype=torch.float32)
+    out = torch.empty(w.shape, dtype=torch.float32) if keep_weight else None
+    bar = tqdm(total=w.shape[0], desc=desc, unit="row", disable=desc is None, leave=False)
 
     def job(rows: slice) -> None:
         x = w[rows].float()  # [R, I]
         grid = search_grid(t, x)
         codes = nearest_codes(t, x, grid)
-        raw[rows], out[rows] = pack(t, codes, grid), weight_of(kind, codes, grid)
+        raw[rows] = pack(t, codes, grid)
+        if out is not None:
+            out[rows] = weight_of(kind, codes, grid)
+        bar.update(x.shape[0])
 
     side_by_side(job, tiles(w), w.device)
+    bar.close()
     return raw, out
 
 

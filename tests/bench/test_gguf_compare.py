@@ -34,3 +34,19 @@ def test_table_gives_sizes_and_gaps_against_llama_cpps_file_of_the_type():
     awq = lines[-1].split(" | ")
     assert awq[1] == "compress awq" and awq[3] == "1.0000" and awq[-1].rstrip(" |") == "0.25"  # (21 - 20) / (24 - 20)
     assert lines[2].split(" | ")[-1].rstrip(" |") == "-"  # the reference has no gap of its own
+
+
+def test_scores_are_computed_once_per_file_and_windows(tmp_path, monkeypatch):
+    import torch
+
+    calls = []
+    monkeypatch.setattr(gc.llamacpp_files, "perplexity", lambda path, wins, threads: calls.append("llama") or 21.0)
+    monkeypatch.setattr(gc, "our_perplexity", lambda path, wins: calls.append("ours") or 21.5)
+    row = {"path": tmp_path / "a.gguf"}
+    gc.Files(tmp_path, reuse=False).score(row, torch.zeros(2, 8), threads=1)
+    assert (row["ppl_llamacpp"], row["ppl_ours"]) == (21.0, 21.5) and calls == ["llama", "ours"]
+    resumed = gc.Files(tmp_path, reuse=True)  # an interrupted run resumes with the scores it had
+    resumed.score(row, torch.zeros(2, 8), threads=1)
+    assert calls == ["llama", "ours"] and row["ppl_llamacpp"] == 21.0
+    resumed.score(row, torch.zeros(4, 8), threads=1)  # other windows: scored again
+    assert calls == ["llama", "ours"] * 2

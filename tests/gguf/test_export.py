@@ -49,7 +49,7 @@ def remembered_rounding(monkeypatch):
     49,152-row tables search once (those searches are most of these tests' time)."""
     real, seen = rounding.weight_only, {}
 
-    def weight_only(kind, w):
+    def weight_only(kind, w, keep_weight=True, desc=None):
         key = (kind, tuple(w.shape), hashlib.sha256(w.detach().float().contiguous().numpy().tobytes()).hexdigest())
         if key not in seen:
             seen[key] = real(kind, w)
