@@ -14,7 +14,8 @@ from tqdm import tqdm
 
 from compress.quant.awq import GridSearch, side_by_side
 from compress.quant.awq_apply import Job
-from compress.quant.gguf_blocks import TYPES, Grid, fit_grid, nearest_codes, pack, search_grid
+from compress.quant.gguf_blocks import TYPES, Grid, fit_grid, nearest_codes, pack
+from compress.quant.gguf_search import search_grid
 from compress.quant.gptq import gptq_codes, prepare
 from compress.quant.primitives import IntSpec
 

@@ -1,5 +1,6 @@
 """llama.cpp's GGUF block types as pure tensor functions: the grids each type can store, codes on them, and the
-exact ggml bytes. Imports only torch (the K-quants' sub-scales and layouts are in gguf_kquants.py).
+exact ggml bytes. Imports only torch (the K-quants' sub-scales and layouts are in gguf_kquants.py, our weight-only
+grid search in gguf_search.py).
 
 A weight W [O, I] (rows = output features) is stored row by row; a row of I weights is I/block blocks back to
 back, each ``type_size`` bytes, little-endian, fp16 as IEEE half. Per type (q = ggml's code of one weight):
@@ -70,9 +71,6 @@ TYPES = {t.name: t for t in (
     BlockType("Q6_K", 14, QK_K, 16, 6, 210, True),
 )}
 
-ROWS = 64  # rows searched at a time: the candidates' temporaries stay in the cache
-SHRINK = torch.linspace(-1, 1, 21).tolist()  # candidate step sizes: the range spans qmax + r steps (llama.cpp's search)
-
 
 @dataclass
 class Grid:
@@ -95,38 +93,15 @@ def fit_grid(t: BlockType, step: torch.Tensor, offset: torch.Tensor) -> Grid:
     check_width(t, step.shape[1] * t.group)
     step, offset = step.float(), offset.float()
     a, b = step.abs(), torch.where(step < 0, offset + step * t.qmax, offset)  # the same grid, walked upwards
-    return grid_of(t, _stored(t, a, b, None, None))
-
-
-def search_grid(t: BlockType, w: torch.Tensor, importance: torch.Tensor | None = None) -> Grid:
-    """Our weight-only grid for w [O, I]: per group the smallest sum importance[i]*(w - deq)^2 (importance [I],
-    E[x_i^2] of the layer's inputs; None: plain MSE) over candidate steps, each refined by least squares, then
-    fitted to what the type stores (K-quants: sub-scales chosen for the same weighted error)."""
-    check_width(t, w.shape[1])
-    parts = [_search_rows(t, w[r : r + ROWS].float(), importance) for r in range(0, w.shape[0], ROWS)]
-    return grid_of(t, {k: torch.cat([p[k] for p in parts]) for k in parts[0]})
-
-
-def _search_rows(t: BlockType, w: torch.Tensor, importance: torch.Tensor | None) -> dict[str, torch.Tensor]:
-    """``search_grid``'s stored numbers for the rows w [R, I]."""
-    x = _grouped(t, w)  # [R, G, g]
-    wt = torch.ones_like(x) if importance is None else importance.float().reshape(1, *x.shape[1:]).expand_as(x)
-    if t.symmetric:
-        s = _search_symmetric(x, wt, t.half)
-        a, b = _upward(s, -t.half * s, t.qmax)
-    else:
-        a, b = _search_affine(x, wt, t.qmax, t.nonpositive_offset)
-    centre = x if t.symmetric else x - b[..., None]  # what the step multiplies: its error weighs by it squared
-    sa = (wt * (centre / _nonzero(a)[..., None]) ** 2).sum(-1)
-    return _stored(t, a, b, sa, wt.sum(-1))
+    return grid_of(t, stored_numbers(t, a, b, None, None))
 
 
 def nearest_codes(t: BlockType, w: torch.Tensor, grid: Grid) -> torch.Tensor:
     """uint8 [O, I]: q = clamp(round((w - b)/a), 0, 2^bits - 1); where a = 0 (every code gives b), the zero point
     (2^(bits-1) symmetric, else 0) as ggml's reference quantizers write it."""
-    x = _grouped(t, w.float())
+    x = grouped(t, w.float())
     a, b = grid.a[..., None], grid.b[..., None]
-    q = torch.round((x - b) / _nonzero(a)).clamp(0, t.qmax)
+    q = torch.round((x - b) / nonzero(a)).clamp(0, t.qmax)
     q = torch.where(a == 0, float(t.half if t.symmetric else 0), q)
     return q.to(torch.uint8).reshape(w.shape)
 
@@ -179,13 +154,13 @@ def native(t: BlockType, raw: torch.Tensor, in_features: int) -> tuple[torch.Ten
 def dequantize(t: BlockType, raw: torch.Tensor, in_features: int) -> torch.Tensor:
     """fp32 [O, I] from ggml bytes [O, I/block*type_size]: q*a + b, equal to ggml's bit for bit."""
     codes, grid = unpack(t, raw, in_features)
-    x = _grouped(t, codes.float())
+    x = grouped(t, codes.float())
     return (x * grid.a[..., None] + grid.b[..., None]).reshape(codes.shape)
 
 
 def grid_of(t: BlockType, stored: dict[str, torch.Tensor]) -> Grid:
     """The Grid that the stored numbers of type t give."""
-    a, b = _upward(*_signed_affine(t, stored), t.qmax)
+    a, b = upward(*_signed_affine(t, stored), t.qmax)
     return Grid(a, b, stored)
 
 
@@ -202,7 +177,7 @@ def _signed_affine(t: BlockType, stored: dict[str, torch.Tensor]) -> tuple[torch
     return s, stored["m"].float()
 
 
-def _upward(s: torch.Tensor, o: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
+def upward(s: torch.Tensor, o: torch.Tensor, qmax: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(a, b) >= 0 step of the grid s*q + o, q in [0, qmax]: a negative s walks it from its other end."""
     return s.abs(), torch.where(s < 0, o + s * qmax, o)
 
@@ -214,72 +189,29 @@ def _flip(t: BlockType, codes: torch.Tensor, stored: dict[str, torch.Tensor]) ->
     return torch.where(neg, t.qmax - codes, codes).to(torch.uint8)
 
 
-def _stored(t: BlockType, a, b, sa, sb) -> dict[str, torch.Tensor]:
+def stored_numbers(t: BlockType, a, b, sa, sb, nearest: int | None = None) -> dict[str, torch.Tensor]:
     """The numbers type t stores for the grids (a, b) [O, G]; sa, sb [O, G] weigh the error of a step and of an
-    offset where sub-scales are rounded (None: alike)."""
+    offset where sub-scales are rounded (None: alike); ``nearest``: see gguf_kquants.subscales."""
     if t.symmetric:  # the scale's sign chooses which end gets the extra level
-        r = b / _nonzero(a)
+        r = b / nonzero(a)
         s = torch.where((r + t.half).abs() <= (r + t.half - 1).abs(), a, -a)
         if t.subscaled:  # Q6_K: int8 sub-scales
-            d, sc = _subscales(t, s, -128, 127, sa)
+            d, sc = _subscales(t, s, -128, 127, sa, nearest)
             return {"d": d, "sc": sc.to(torch.int8)}
         return {"d": s.half()}
     if t.subscaled:  # Q4_K: 6-bit sub-scales and mins
-        d, sc = _subscales(t, a, 0, 63, sa)
-        dmin, m = _subscales(t, (-b).clamp(min=0), 0, 63, sb)
+        d, sc = _subscales(t, a, 0, 63, sa, nearest)
+        dmin, m = _subscales(t, (-b).clamp(min=0), 0, 63, sb, nearest)
         return {"d": d, "dmin": dmin, "sc": sc.to(torch.uint8), "m": m.to(torch.uint8)}
     return {"d": a.half(), "m": b.half()}
 
 
-def _subscales(t: BlockType, x: torch.Tensor, lo: int, hi: int, weight: torch.Tensor | None):
+def _subscales(t: BlockType, x: torch.Tensor, lo: int, hi: int, weight: torch.Tensor | None, nearest: int | None):
     """(d [O, S] fp16, levels [O, G] int32): ``subscales`` of x [O, G] per super-block."""
     out, per = x.shape[0], t.block // t.group
-    d, levels = subscales(x.reshape(out, -1, per), lo, hi, None if weight is None else weight.reshape(out, -1, per))
+    weight = None if weight is None else weight.reshape(out, -1, per)
+    d, levels = subscales(x.reshape(out, -1, per), lo, hi, weight, nearest)
     return d, levels.reshape(out, -1)
-
-
-def _search_symmetric(x: torch.Tensor, wt: torch.Tensor, half: int) -> torch.Tensor:
-    """Signed scales s [R, G] for x, wt [R, G, g] on levels -half..half-1 (llama.cpp's make_qx_quants, both signs):
-    the least-squares scale of each candidate's levels, the one with the smallest error."""
-    top = x.gather(-1, x.abs().argmax(-1, keepdim=True)).squeeze(-1)  # [R, G]: the largest |x|, signed
-    wx = wt * x
-    best = (torch.full_like(top, torch.inf), torch.zeros_like(top))
-    for r in SHRINK:
-        for s0 in (top / -(half + r), top / (half - 1 + r)):  # the largest |x| at either end of the levels
-            levels = torch.round(x / _nonzero(s0)[..., None]).clamp_(-half, half - 1)
-            sxl, sll = (wx * levels).sum(-1), (wt * levels * levels).sum(-1)
-            _keep(best, -sxl * sxl / _nonzero(sll), sxl / _nonzero(sll))  # error, less sum wt x^2
-    return best[1]
-
-
-def _search_affine(x: torch.Tensor, wt: torch.Tensor, qmax: int, nonpositive: bool
-                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(a, b) [R, G] for x, wt [R, G, g] on codes 0..qmax (llama.cpp's make_qkx2_quants, more candidates): the
-    least-squares grid of each candidate's codes (b <= 0 if ``nonpositive``), the one with the smallest error."""
-    lo, hi = x.amin(-1), x.amax(-1)
-    lo = lo.clamp(max=0) if nonpositive else lo
-    span = _nonzero(hi - lo)
-    wx = wt * x
-    sw, sx, sxx = wt.sum(-1), wx.sum(-1), (wx * x).sum(-1)
-    best = (torch.full_like(lo, torch.inf), (hi - lo) / qmax, lo)  # kept where every candidate's codes are alike
-    for r in SHRINK:
-        q = torch.round((x - lo[..., None]) * ((qmax + r) / span)[..., None]).clamp_(0, qmax)
-        wq = wt * q
-        sq, sqq, sxq = wq.sum(-1), (wq * q).sum(-1), (wx * q).sum(-1)
-        det = sw * sqq - sq * sq
-        a, b = (sw * sxq - sx * sq) / _nonzero(det), (sqq * sx - sq * sxq) / _nonzero(det)
-        if nonpositive:
-            a, b = torch.where(b > 0, sxq / _nonzero(sqq), a), b.clamp(max=0)
-        err = a * a * sqq + 2 * a * b * sq + b * b * sw - 2 * a * sxq - 2 * b * sx + sxx
-        _keep(best, torch.where(det > 0, err, torch.inf), a, b)
-    return best[1], best[2]
-
-
-def _keep(best: tuple, err: torch.Tensor, *values: torch.Tensor) -> None:
-    """Where err [O, G] beats best[0], take it and ``values`` into ``best`` (updated in place)."""
-    better = err < best[0]
-    for kept, new in zip(best, (err, *values)):
-        kept[better] = new[better]
 
 
 def _pack_legacy(t: BlockType, q: torch.Tensor, stored: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -308,12 +240,12 @@ def _unpack_legacy(t: BlockType, raw: torch.Tensor) -> tuple[torch.Tensor, dict[
     return q, stored
 
 
-def _grouped(t: BlockType, w: torch.Tensor) -> torch.Tensor:
+def grouped(t: BlockType, w: torch.Tensor) -> torch.Tensor:
     """[O, I] -> [O, I/group, group]."""
     check_width(t, w.shape[1])
     return w.reshape(w.shape[0], -1, t.group)
 
 
-def _nonzero(x: torch.Tensor) -> torch.Tensor:
+def nonzero(x: torch.Tensor) -> torch.Tensor:
     """x with its zeros replaced by 1: a divisor for the terms that are 0 anyway."""
     return torch.where(x == 0, 1.0, x)

@@ -20,16 +20,18 @@ def bytes_half(b: torch.Tensor) -> torch.Tensor:
     return b.contiguous().view(torch.float16).squeeze(-1)
 
 
-def subscales(x: torch.Tensor, lo: int, hi: int, weight: torch.Tensor | None = None
+def subscales(x: torch.Tensor, lo: int, hi: int, weight: torch.Tensor | None = None, nearest: int | None = None
               ) -> tuple[torch.Tensor, torch.Tensor]:
     """(d fp16 [...], L [..., n] int32 in [lo, hi]) with x [..., n] ~ d * L per super-block, the smallest
-    sum weight * (x - d L)^2 among d = +-max|x| / k for every k (so that x already of that form is met exactly),
+    sum weight * (x - d L)^2 among d = +-max|x| / k for every k (so that x already of that form is met exactly;
+    ``nearest``: only the k that many below the top level, which win nearly always and cost a fraction of it),
     then one least-squares step for d. llama.cpp's reference takes max/63 (Q4_K) or max/-128 (Q6_K) alone."""
     weight = torch.ones_like(x) if weight is None else weight
     amax = x.abs().amax(-1)  # [...]
     best = (torch.full_like(amax, torch.inf), torch.zeros_like(amax))  # (error, d)
+    top = max(hi, -lo)
     for sign in (1, -1) if lo < 0 else (1,):
-        for k in range(1, max(hi, -lo) + 1):
+        for k in range(1 if nearest is None else max(1, top - nearest + 1), top + 1):
             _try_scale(x, sign * amax / k, lo, hi, weight, best)
     levels = _levels(x, best[1], lo, hi)
     ls = (weight * x * levels).sum(-1) / (weight * levels * levels).sum(-1).clamp(min=1e-30)
@@ -49,7 +51,8 @@ def _try_scale(x, d, lo, hi, weight, best) -> None:
     levels = _levels(x, d, lo, hi)
     err = (weight * (x - d[..., None] * levels) ** 2).sum(-1)
     better = err < best[0]
-    best[0][better], best[1][better] = err[better], d[better]
+    torch.where(better, err, best[0], out=best[0])
+    torch.where(better, d, best[1], out=best[1])
 
 
 def pack_q4_k(q: torch.Tensor, d: torch.Tensor, dmin: torch.Tensor, sc: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

@@ -61,3 +61,11 @@ def test_weight_only_without_calibration():
     w = block.b.weight.detach().clone()
     rounding.round_linears(block, {"b": "Q8_0"})
     assert torch.equal(block.b.weight.detach(), rounding.weight_only("Q8_0", w)[1])
+
+
+@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "F16"])
+def test_weight_only_bytes_alone_are_the_same_bytes(kind):
+    w = torch.randn(40, 256, generator=torch.Generator().manual_seed(3)) * 0.02
+    raw, weight = rounding.weight_only(kind, w)
+    alone, none = rounding.weight_only(kind, w, keep_weight=False, desc="test")
+    assert none is None and torch.equal(alone, raw) and weight.shape == w.shape
