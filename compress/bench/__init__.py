@@ -19,7 +19,7 @@ Scripts (python -m compress.bench.NAME; each docstring gives the command):
     loadtest          many streaming clients against `compress serve`, exactness checked
     cpu_kernels       the C kernels vs the torch paths they replace (CPU)
     triton_kernels    the Triton kernels vs bf16/fp16 torch (GPU; --dry-run on CPU)
-    quant_quality     fp32 vs RTN vs AWQ at int4/int3: time, size, WikiText-2 perplexity
+    quant_quality     fp32 vs RTN vs AWQ at int4/int3 on the built-in and off-grid models: time, size, perplexity
     vs_llmcompressor  llm-compressor's AWQ beside ours on the same calibration tokens
     int8_report       int8 outlier dims per layer type, int8/fp8 perplexity ablations
     eval_backends     our lm-eval backend vs lm-eval's HFLM on MMLU: accuracy and wall time
