@@ -7,7 +7,7 @@ import torch
 
 from compress.quant.gguf_blocks import BlockType, Grid, check_width, grid_of, grouped, nonzero, stored_numbers, upward
 
-ROWS = 64  # rows searched at a time: the candidates' temporaries stay in the cache
+CHUNK = 2**17  # weights searched at a time (whole rows): fewer made the many small ops of 576-wide rows 2x slower
 SUBSCALE_STEPS = 32  # a searched grid's sub-scales: d = max / k for the 32 k nearest the top level (gguf_kquants:
 # on normal weights within 0.01 % of every k's squared error, Q6_K's search 4x fewer candidates)
 SHRINK = torch.linspace(-1, 1, 21).tolist()  # candidate step sizes: the range spans qmax + r steps (llama.cpp's search)
@@ -18,7 +18,8 @@ def search_grid(t: BlockType, w: torch.Tensor, importance: torch.Tensor | None =
     E[x_i^2] of the layer's inputs; None: plain MSE) over candidate steps, each refined by least squares, then
     fitted to what the type stores (K-quants: sub-scales chosen for the same weighted error)."""
     check_width(t, w.shape[1])
-    parts = [_search_rows(t, w[r : r + ROWS].float(), importance) for r in range(0, w.shape[0], ROWS)]
+    rows = max(1, CHUNK // w.shape[1])
+    parts = [_search_rows(t, w[r : r + rows].float(), importance) for r in range(0, w.shape[0], rows)]
     return grid_of(t, {k: torch.cat([p[k] for p in parts]) for k in parts[0]})
 
 
