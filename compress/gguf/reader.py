@@ -9,20 +9,25 @@ becomes one of GgufLinear's: ggml's own codes, scales (and Q4_1/Q4_K's offsets) 
 weight on disk; the CPU runtime holds the 4-bit ones as nibbles and the wider ones as bytes (runtime/cpu_linears.py).
 A file with any other Linear type (F16, F32, IQ*, Q2_K, ...) is dequantized to fp32 by transformers' reader. The
 embedding, norms and output layer are dequantized in every case.
+
+Where the codes are kept and the family is one we write (family.py), the file is read block by block from its
+memory map (tensors.py) and written as each block is read, so an 8B file is never held whole; transformers'
+reader (which dequantizes the whole model at once) reads the others.
 """
 
 from pathlib import Path
 
-import numpy as np
 import torch
 
+from tqdm import tqdm
+
 from compress.errors import UserError
-from compress.gguf.family import family, gguf_names, role, unpermute_rows
+from compress.gguf.tensors import GgufTensors
 from compress.manifest import write_manifest
-from compress.model import load
+from compress.model import lazy, load
 from compress.model.decoder import Decoder
 from compress.quant import packing
-from compress.quant.export import write_quantized
+from compress.quant.export import QuantizedWriter
 from compress.quant.gguf_blocks import TYPES, unpack
 from compress.quant.linear import GgufLinear, GgufSpec, PackedLinear
 from compress.quant.primitives import IntSpec
@@ -30,14 +35,11 @@ from compress.quant.primitives import IntSpec
 Q4_0 = IntSpec(4, 32)  # w = |d| (q - z), z in {7, 8}: Q4_0's block
 
 
-def q4_0_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> PackedLinear:
-    """The PackedLinear of one Q4_0 GGUF tensor, rows in transformers' order (``heads``: q/k of a permuting family)."""
-    raw = torch.from_numpy(np.asarray(tensor.data).copy()).reshape(linear.out_features, -1)  # [O, bytes]
-    codes, grid = unpack(TYPES["Q4_0"], raw, linear.in_features)  # [O, I] uint8, a and b [O, G]: w = q a + b
-    scale = grid.a
+def q4_0_linear(src: GgufTensors, name: str, linear: torch.nn.Linear) -> PackedLinear:
+    """The PackedLinear of the Q4_0 tensor of the HF Linear ``name``."""
+    codes, grid = unpack(TYPES["Q4_0"], src.raw(f"{name}.weight", linear.out_features), linear.in_features)
+    scale = grid.a  # [O, G]: w = q a + b
     zero = torch.where(scale > 0, -grid.b / scale.clamp(min=1e-30), 8.0).round().to(torch.int32)  # [O, G]: 7 or 8
-    if heads is not None:
-        codes, scale, zero = (unpermute_rows(t, heads) for t in (codes, scale, zero))
     new = PackedLinear(linear.in_features, linear.out_features, Q4_0, linear.bias is not None, torch.float32)
     new.weight_packed.copy_(packing.pack(codes, Q4_0.bits))
     new.weight_scale.copy_(scale)
@@ -47,41 +49,63 @@ def q4_0_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> PackedLin
     return new
 
 
-def linear_tensors(gguf_path: Path, model: Decoder) -> tuple[dict[tuple[int, str], tuple], str] | None:
-    """({(layer, Linear name): (GGUF tensor, heads)}, the output layer's type) when every decoder Linear is of a type
-    in TYPES, else None; heads: the q/k head count of a family whose converter permutes those rows."""
-    from gguf import GGUFReader
+def gguf_linear(src: GgufTensors, name: str, linear: torch.nn.Linear) -> GgufLinear:
+    """The GgufLinear of the tensor of the HF Linear ``name``: ggml's codes of its type."""
+    return GgufLinear.from_ggml(src.kind(f"{name}.weight"), src.raw(f"{name}.weight", linear.out_features), linear.bias)
 
-    try:
-        fam, name = family(model.cfg), gguf_names(model.cfg)
-    except UserError:  # a family we do not write: read it dequantized
-        return None
-    tensors = {t.name: t for t in GGUFReader(str(gguf_path)).tensors}
+
+def linear_types(src: GgufTensors, model: Decoder) -> dict[str, str] | None:
+    """{HF Linear name: GGUF type} when every decoder Linear's type is one of TYPES, else None."""
     found = {}
     for i, block in enumerate(model.model.layers):
         for n in block.linears:
-            gguf_name = name(f"model.layers.{i}.{n}.weight")
-            tensor = tensors.get(gguf_name)
-            if tensor is None or tensor.tensor_type.name not in TYPES:
+            name = f"model.layers.{i}.{n}"
+            try:
+                found[name] = src.kind(f"{name}.weight")
+            except KeyError:
                 return None
-            heads = {"attn_q": model.cfg.num_heads, "attn_k": model.cfg.num_kv_heads}.get(role(gguf_name)) if fam.permute_qk else None
-            found[(i, n)] = (tensor, heads)
-    output = tensors.get("output.weight", tensors["token_embd.weight"])  # the embedding where the file ties them
-    return found, output.tensor_type.name
+            if found[name] not in TYPES:
+                return None
+    return found
 
 
-def gguf_linear(tensor, linear: torch.nn.Linear, heads: int | None) -> GgufLinear:
-    """The GgufLinear of one GGUF tensor, rows in transformers' order."""
-    raw = torch.from_numpy(np.asarray(tensor.data).copy()).reshape(linear.out_features, -1)  # [O, bytes]
-    if heads is not None:
-        raw = unpermute_rows(raw, heads)
-    return GgufLinear.from_ggml(tensor.tensor_type.name, raw, linear.bias)
-
-
-def swap(model: Decoder, linears: dict, make) -> None:
-    for (i, n), (tensor, heads) in linears.items():
+def read_block(src: GgufTensors, model: Decoder, i: int, make) -> torch.nn.Module:
+    """Block i of ``model`` (a skeleton) read from the file: its Linears by ``make``, its other tensors fp32."""
+    prefix = f"model.layers.{i}"
+    block = model.get_submodule(prefix).to_empty(device="cpu")
+    weights = {f"{n}.weight" for n in block.linears}
+    with torch.no_grad():
+        for sub, leaf in block.named_modules():
+            for n in lazy.own_tensors(leaf):
+                local = f"{sub}.{n}" if sub else n
+                if local not in weights:
+                    getattr(leaf, n).copy_(src.get(f"{prefix}.{local}", tuple(getattr(leaf, n).shape)))
+    for n in block.linears:
         parent, _, leaf = n.rpartition(".")
-        setattr(model.model.layers[i].get_submodule(parent), leaf, make(tensor, model.model.layers[i].get_submodule(n), heads))
+        setattr(block.get_submodule(parent), leaf, make(src, f"{prefix}.{n}", block.get_submodule(n)))
+    return block
+
+
+def stream_codes(gguf_path: Path, out_dir: Path) -> dict | None:
+    """Write the file as our checkpoint keeping its Linears' codes, block by block (compress.json's "gguf" entry
+    returned); None where this path does not apply (a family we do not write, a Linear of another type)."""
+    model = lazy.skeleton(load.gguf_config(gguf_path))
+    try:
+        src = GgufTensors(gguf_path, model.cfg)
+    except UserError:  # a family we do not write: read it dequantized
+        return None
+    types = linear_types(src, model)
+    if types is None:
+        return None
+    kinds = sorted(set(types.values()))
+    spec, make = (Q4_0, q4_0_linear) if kinds == ["Q4_0"] else (GgufSpec(types), gguf_linear)
+    lazy.attach(model, None, src.reader)
+    writer = QuantizedWriter(out_dir, model, spec, "compressed-tensors", torch.float32, None)
+    for i in tqdm(range(model.cfg.num_layers), desc=f"reading {Path(gguf_path).name}", unit="block"):
+        writer.block(i, read_block(src, model, i, make))
+        model.model.layers[i].to_empty(device="meta")  # the block's memory goes; the skeleton stays
+    writer.finish()
+    return {"file": Path(gguf_path).name, "linears": ",".join(kinds), "output": src.kind("lm_head.weight")}
 
 
 def convert(gguf_path: Path, out_dir: Path, keep_codes: bool = True) -> None:
@@ -89,20 +113,9 @@ def convert(gguf_path: Path, out_dir: Path, keep_codes: bool = True) -> None:
     Linear is Q4_0, GgufLinear's codes where each is another type of TYPES, else (or not ``keep_codes``) fp32. The first
     two carry compress.json's "gguf" entry: the engine then computes as llama.cpp does by default (int8 activations; the
     lm_head as int8 rows where the file's is quantized)."""
-    model = load.gguf_decoder(gguf_path)
-    kept = linear_tensors(gguf_path, model) if keep_codes else None
+    kept = stream_codes(gguf_path, out_dir) if keep_codes else None
     if kept is None:
-        load.save_decoder(model, out_dir)
-        load.save_gguf_tokenizer(gguf_path, out_dir)
-        return
-    linears, output = kept
-    kinds = sorted({tensor.tensor_type.name for tensor, _ in linears.values()})
-    if kinds == ["Q4_0"]:
-        swap(model, linears, q4_0_linear)
-        write_quantized(model, Q4_0, out_dir, None, dtype=torch.float32)
-    else:
-        swap(model, linears, gguf_linear)
-        types = {f"model.layers.{i}.{n}": tensor.tensor_type.name for (i, n), (tensor, _) in linears.items()}
-        write_quantized(model, GgufSpec(types), out_dir, None, dtype=torch.float32)
+        load.save_decoder(load.gguf_decoder(gguf_path), out_dir)
     load.save_gguf_tokenizer(gguf_path, out_dir)
-    write_manifest(out_dir, gguf={"file": gguf_path.name, "linears": ",".join(kinds), "output": output})
+    if kept is not None:
+        write_manifest(out_dir, gguf=kept)

@@ -148,14 +148,33 @@ def gguf_architecture(path: Path) -> str:
     return bytes(field.parts[field.data[0]]).decode()
 
 
+def supported_gguf(gguf_path: Path) -> str:
+    """The GGUF's architecture, one of GGUF_ARCHS (else one line)."""
+    arch = gguf_architecture(gguf_path)
+    if arch not in GGUF_ARCHS:
+        raise UserError(f"{gguf_path} holds a '{arch}' model (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
+    return arch
+
+
+def gguf_config(gguf_path: Path) -> ModelConfig:
+    """The model config of a GGUF of one of GGUF_ARCHS, from its metadata alone (transformers' mapping of the keys)."""
+    from transformers import AutoConfig
+
+    gguf_path = Path(gguf_path)
+    arch = supported_gguf(gguf_path)
+    try:
+        hf = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
+    except (ValueError, KeyError, RuntimeError) as e:
+        raise UserError(f"{gguf_path} could not be read as a '{arch}' GGUF: {str(e).splitlines()[0]}") from e
+    return ModelConfig.from_hf(hf.to_dict())
+
+
 def gguf_decoder(gguf_path: Path) -> Decoder:
     """A GGUF of one of GGUF_ARCHS as an fp32 Decoder: transformers' reader dequantizes every tensor."""
     from transformers import AutoModelForCausalLM
 
     gguf_path = Path(gguf_path)
-    arch = gguf_architecture(gguf_path)
-    if arch not in GGUF_ARCHS:
-        raise UserError(f"{gguf_path} holds a '{arch}' model (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
+    arch = supported_gguf(gguf_path)
     try:
         hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, gguf_file=gguf_path.name)
     except (ValueError, KeyError, RuntimeError) as e:

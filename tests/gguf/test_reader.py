@@ -3,6 +3,7 @@ of other block types keeps ggml's own codes (GgufLinear), F16/F32 Linears and bu
 llama.cpp's rotary row order is undone either way."""
 
 import gguf
+import pytest
 import numpy as np
 import torch
 
@@ -79,6 +80,28 @@ def test_q4_k_m_file_keeps_ggml_s_codes_of_each_type(q4_k_m_gguf):
     assert isinstance(model.model.layers[1].self_attn.qkv, ByteLinear)  # Q5_0 q/k and a Q8_0 v: one byte-code Linear
     err = ((ours - ref).norm() / ref.norm()).item()
     assert err < 0.02  # only x's 8-bit rounding
+
+
+def test_codes_are_read_block_by_block_never_through_a_whole_model(tmp_path, monkeypatch, q4_k_m_gguf):
+    """The file is read from its memory map one block at a time (an 8B file is never held whole): transformers'
+    reader, which dequantizes the whole model at once, is not called, and what is written is the fixture's reading."""
+    from safetensors.torch import load_file
+
+    from compress.gguf import reader
+    from compress.model import load
+
+    path, _ = q4_k_m_gguf
+    for d in ("ours", "transformers"):
+        (tmp_path / d).mkdir()
+    convert_gguf(path, tmp_path / "transformers")  # transformers' reading: every tensor fp32
+    monkeypatch.setattr(load, "gguf_decoder", lambda p: pytest.fail("the whole model was loaded"))
+    reader.convert(path, tmp_path / "ours")
+    ours, theirs = ({k: v for f in sorted((tmp_path / d).glob("*.safetensors")) for k, v in load_file(f).items()}
+                    for d in ("ours", "transformers"))
+    plain = [k for k in theirs if not k.endswith("proj.weight")]  # embedding, norms: dequantized alike, bit for bit
+    assert len(plain) >= 2 * 2 + 2, plain
+    assert all(torch.equal(ours[k], theirs[k]) for k in plain), [k for k in plain if not torch.equal(ours[k], theirs[k])]
+    assert ours["model.layers.0.self_attn.q_proj.weight_codes"].dtype == torch.int8  # Q5_0's signed codes
 
 
 def test_gemma2_file_keeps_its_codes_and_computes_as_transformers_reads_it(tmp_path, monkeypatch, smollm2_dir):
