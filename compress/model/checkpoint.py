@@ -114,10 +114,13 @@ class Checkpoint:
         if buf is not None:
             if buf.nbytes != hi - lo:
                 raise UserError(f"{path}: tensor {name} has {hi - lo} bytes for shape {e['shape']}; the file is corrupt")
+            got = 0
             with open(path, "rb", buffering=0) as f:
-                got = os.preadv(f.fileno(), [buf], start + lo)
-            if got != hi - lo:
-                raise UserError(f"{path} is truncated at tensor {name}; re-download or re-export it")
+                while got < hi - lo:  # one read returns at most ~2 GiB on Linux: a 152k x 4096 fp32 table needs two
+                    n = os.preadv(f.fileno(), [buf[got:]], start + lo + got)
+                    if n == 0:
+                        raise UserError(f"{path} is truncated at tensor {name}; re-download or re-export it")
+                    got += n
         return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
     def names(self, prefix: str) -> list[str]:
