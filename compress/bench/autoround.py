@@ -5,7 +5,7 @@ AutoRound pins other versions of transformers' companions than ours, so it lives
 
     python3 -m venv /work/autoround-venv
     /work/autoround-venv/bin/pip install torch==2.13.0
-    /work/autoround-venv/bin/pip install 'auto-round==0.14.*' 'torch==2.13.0' requests gguf
+    /work/autoround-venv/bin/pip install 'auto-round==0.14.*' 'torch==2.13.0' requests gguf sentencepiece
 
 `autoround_python()` finds that venv ($COMPRESS_AUTOROUND_PYTHON, default /work/autoround-venv/bin/python);
 `calibration_file()` writes our own calibration rows as the local .jsonl AutoRound reads; `run_autoround()`
