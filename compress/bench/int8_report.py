@@ -16,13 +16,12 @@ import click
 import torch
 
 from compress import models
+from compress.bench.fp8_report import fp8_activations_only, fp8_weights_only
 from compress.calib import calibration_tokens
 from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
-from compress.kernels.reference import fp8_token_scale
 from compress.model.arch import LAYER_LINEARS
 from compress.quant.apply import quantize
 from compress.quant.config import OUTLIER_THRESHOLD, SMOOTH_ALPHA, QuantConfig
-from compress.quant.fp8 import quantize_weight, to_e4m3
 from compress.quant.int8 import Int8Spec
 from compress.quant.static_apply import int8_quantize
 
@@ -51,29 +50,6 @@ def plot_absmax(absmax: torch.Tensor, name: str, threshold: float, path: Path) -
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-@torch.no_grad()
-def fp8_weights_only(model) -> None:
-    """Every decoder Linear's weight rounded to e4m3 (per-channel scale) and stored back dense."""
-    for block in model.model.layers:
-        for kind in LAYER_LINEARS:
-            lin = block.get_submodule(kind)
-            q, scale = quantize_weight(lin.weight)
-            lin.weight.copy_(q.to(scale.dtype) * scale)
-
-
-def fp8_activations_only(model) -> None:
-    """Every decoder Linear's input rounded to e4m3 per token (absmax / 448), weights untouched."""
-
-    def round_input(_, args):
-        x = args[0]
-        scale = fp8_token_scale(x)  # [..., 1], the runtime's dynamic scale
-        return (to_e4m3(x, scale).float() * scale).to(x.dtype)
-
-    for block in model.model.layers:
-        for kind in LAYER_LINEARS:
-            block.get_submodule(kind).register_forward_pre_hook(round_input)
 
 
 def ppl_changed(src: Path, change, tokens, pcfg: PerplexityConfig, label: str) -> float:

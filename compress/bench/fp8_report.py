@@ -1,0 +1,105 @@
+"""Where fp8's perplexity loss comes from: e4m3 weights alone, e4m3 per-token activations alone, and the
+activations of each Linear kind alone; and whether it is e4m3's subnormals or its 3-bit mantissa.
+
+    python -m compress.bench.fp8_report --model smollm2-135m [--limit-tokens N]
+
+Every row changes one thing in the unquantized model (weights stored back dense, or inputs rounded by a
+forward pre-hook) and measures WikiText-2 perplexity in 2048-token windows. "3-bit mantissa, any exponent"
+rounds each input to e4m3's relative precision with no range limit: where it equals the e4m3 row, a finer
+or smoothed scale cannot help (the loss is the mantissa, not the exponent range).
+"""
+
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import click
+import torch
+
+from compress import models
+from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
+from compress.kernels.reference import fp8_token_scale
+from compress.model.arch import LAYER_LINEARS
+from compress.quant.fp8 import quantize_weight, to_e4m3
+
+MANTISSA_STEPS = 16  # e4m3: 3 stored bits + the implicit one, so frexp's mantissa in [0.5, 1) on a 1/16 grid
+
+
+def e4m3_per_token(x: torch.Tensor) -> torch.Tensor:
+    """x [..., I] rounded to e4m3 with the runtime's dynamic per-token scale (absmax / 448), back in x's dtype."""
+    scale = fp8_token_scale(x)  # [..., 1]
+    return (to_e4m3(x, scale).float() * scale).to(x.dtype)
+
+
+def mantissa_only(x: torch.Tensor) -> torch.Tensor:
+    """x rounded to e4m3's 3-bit mantissa with an unbounded exponent: no saturation, no subnormals."""
+    m, e = torch.frexp(x.float())
+    return torch.ldexp(torch.round(m * MANTISSA_STEPS) / MANTISSA_STEPS, e).to(x.dtype)
+
+
+@torch.no_grad()
+def fp8_weights_only(model) -> None:
+    """Every decoder Linear's weight rounded to e4m3 (per-channel scale) and stored back dense."""
+    for block in model.model.layers:
+        for kind in LAYER_LINEARS:
+            lin = block.get_submodule(kind)
+            q, scale = quantize_weight(lin.weight)
+            lin.weight.copy_(q.to(scale.dtype) * scale)
+
+
+def round_inputs(model, kinds: Sequence[str], rounding: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """The input of every decoder Linear of ``kinds`` rounded by ``rounding`` (weights untouched)."""
+    for block in model.model.layers:
+        for kind in kinds:
+            block.get_submodule(kind).register_forward_pre_hook(lambda _, args: (rounding(args[0]), *args[1:]))
+
+
+def fp8_activations_only(model) -> None:
+    """Every decoder Linear's input rounded to e4m3 per token (absmax / 448), weights untouched."""
+    round_inputs(model, LAYER_LINEARS, e4m3_per_token)
+
+
+def changes() -> dict[str, Callable]:
+    """Row label -> the change it makes to a freshly loaded model."""
+    rows = {
+        "fp32": lambda model: None,
+        "e4m3 weights only (nearest)": fp8_weights_only,
+        "e4m3 per-token activations only": fp8_activations_only,
+        "3-bit mantissa activations, any exponent": lambda model: round_inputs(model, LAYER_LINEARS, mantissa_only),
+    }
+    for kind in LAYER_LINEARS:
+        rows[f"e4m3 activations of {kind} only"] = lambda model, k=kind: round_inputs(model, [k], e4m3_per_token)
+    return rows
+
+
+def report(src: Path, pcfg: PerplexityConfig) -> list[tuple[str, float]]:
+    """(label, perplexity) for each row of ``changes``, each on a freshly loaded model."""
+    tokens = wikitext_tokens(models.load_tokenizer(src))
+    out = []
+    for label, change in changes().items():
+        model = models.load_model(src)
+        change(model)
+        out.append((label, perplexity(model, tokens, pcfg, desc=label)))
+    return out
+
+
+def table(rows: list[tuple[str, float]]) -> list[str]:
+    """Markdown rows: perplexity and its change against the first (fp32) row."""
+    base = rows[0][1]
+    return ["| model | ppl | vs fp32 |", "|---|---:|---:|",
+            *(f"| {label} | {p:.3f} | {100 * (p / base - 1):+.2f} % |" for label, p in rows)]
+
+
+@click.command()
+@click.option("--model", default="smollm2-135m", show_default=True)
+@click.option("--limit-tokens", type=int, default=None, help="perplexity on the first N WikiText-2 tokens only")
+def main(model, limit_tokens):
+    rows = report(models.resolve(model), PerplexityConfig(seq_len=2048, limit_tokens=limit_tokens))
+    scope = f"first {limit_tokens} tokens" if limit_tokens else "all tokens"
+    print(f"\n{model}: WikiText-2 test, 2048-token windows, {scope}")
+    print("\n".join(table(rows)))
+
+
+if __name__ == "__main__":
+    from compress.program import run_command
+
+    run_command(main)
