@@ -22,6 +22,7 @@ import torch
 from tqdm import tqdm
 
 from compress.errors import UserError
+from compress.gguf import metadata
 from compress.gguf.tensors import GgufTensors
 from compress.manifest import write_manifest
 from compress.model import lazy, load
@@ -89,7 +90,7 @@ def read_block(src: GgufTensors, model: Decoder, i: int, make) -> torch.nn.Modul
 def stream_codes(gguf_path: Path, out_dir: Path) -> dict | None:
     """Write the file as our checkpoint keeping its Linears' codes, block by block (compress.json's "gguf" entry
     returned); None where this path does not apply (a family we do not write, a Linear of another type)."""
-    model = lazy.skeleton(load.gguf_config(gguf_path))
+    model = lazy.skeleton(metadata.gguf_config(gguf_path))
     try:
         src = GgufTensors(gguf_path, model.cfg)
     except UserError:  # a family we do not write: read it dequantized
@@ -115,7 +116,7 @@ def convert(gguf_path: Path, out_dir: Path, keep_codes: bool = True) -> None:
     lm_head as int8 rows where the file's is quantized)."""
     kept = stream_codes(gguf_path, out_dir) if keep_codes else None
     if kept is None:
-        load.save_decoder(load.gguf_decoder(gguf_path), out_dir)
-    load.save_gguf_tokenizer(gguf_path, out_dir)
+        load.save_decoder(metadata.gguf_decoder(gguf_path), out_dir)
+    metadata.save_gguf_tokenizer(gguf_path, out_dir)
     if kept is not None:
         write_manifest(out_dir, gguf=kept)

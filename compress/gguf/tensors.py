@@ -1,7 +1,7 @@
 """A GGUF file's tensors by our decoder's (Hugging Face) names, each read from the file's memory map when asked:
 the inverse of what export.py stores (q/k rows back from llama.cpp's rotary order, Gemma's norms from 1 + w back
 to w), as ggml's bytes for a Linear kept as codes, else dequantized to fp32. Only the families we write
-(family.py) are read this way; transformers' GGUF reader (load.gguf_decoder) reads the rest.
+(family.py) are read this way; transformers' GGUF reader (metadata.gguf_decoder) reads the rest.
 """
 
 import math

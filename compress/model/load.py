@@ -1,4 +1,4 @@
-"""Checkpoints <-> Decoder: read HF safetensors (sharded or not) and GGUF, write HF layout."""
+"""Checkpoints <-> Decoder: read HF safetensors (sharded or not), write HF layout (GGUF files: compress/gguf/)."""
 
 import json
 from pathlib import Path
@@ -114,83 +114,3 @@ def copy_tokenizer(src: Path, dst: Path) -> None:
         f = Path(src) / name
         if f.is_file():
             (Path(dst) / name).write_bytes(f.read_bytes())
-
-
-# GGUF names of our families that transformers' GGUF reader loads (Mistral and SmolLM2 files say "llama"; "gemma3" is
-# Gemma 3's text decoder).
-GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
-
-
-# Rotary scaling that transformers' GGUF reader drops: tensors (Llama 3.1's rope_freqs, Phi-3's longrope factors) and
-# the ARCH.rope.scaling.type key (yarn, linear); a model converted without them computes other logits.
-DROPPED_GGUF_TENSORS = ("rope_freqs.", "rope_factors_")
-
-
-def dropped_rope(reader) -> list[str]:
-    tensors = {t.name for t in reader.tensors if t.name.startswith(DROPPED_GGUF_TENSORS)}
-    keys = {k for k, f in reader.fields.items() if k.endswith(".rope.scaling.type") and f.contents() not in ("none", "")}
-    return sorted(tensors | keys)
-
-
-def gguf_architecture(path: Path) -> str:
-    """The GGUF's general.architecture; refused where a conversion would drop its rotary scaling."""
-    from gguf import GGUFReader
-
-    try:
-        reader = GGUFReader(str(path))
-        field = reader.fields["general.architecture"]
-    except (ValueError, KeyError, OSError) as e:
-        raise UserError(f"{path} is not a readable GGUF file ({e})") from e
-    dropped = dropped_rope(reader)
-    if dropped:
-        raise UserError(f"{path} scales its rotary embedding ({', '.join(dropped)}) in a way that transformers' GGUF "
-                        "reader drops; convert the Hugging Face checkpoint instead")
-    return bytes(field.parts[field.data[0]]).decode()
-
-
-def supported_gguf(gguf_path: Path) -> str:
-    """The GGUF's architecture, one of GGUF_ARCHS (else one line)."""
-    arch = gguf_architecture(gguf_path)
-    if arch not in GGUF_ARCHS:
-        raise UserError(f"{gguf_path} holds a '{arch}' model (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
-    return arch
-
-
-def gguf_config(gguf_path: Path) -> ModelConfig:
-    """The model config of a GGUF of one of GGUF_ARCHS, from its metadata alone (transformers' mapping of the keys)."""
-    from transformers import AutoConfig
-
-    gguf_path = Path(gguf_path)
-    arch = supported_gguf(gguf_path)
-    try:
-        hf = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise UserError(f"{gguf_path} could not be read as a '{arch}' GGUF: {str(e).splitlines()[0]}") from e
-    return ModelConfig.from_hf(hf.to_dict())
-
-
-def gguf_decoder(gguf_path: Path) -> Decoder:
-    """A GGUF of one of GGUF_ARCHS as an fp32 Decoder: transformers' reader dequantizes every tensor."""
-    from transformers import AutoModelForCausalLM
-
-    gguf_path = Path(gguf_path)
-    arch = supported_gguf(gguf_path)
-    try:
-        hf = AutoModelForCausalLM.from_pretrained(gguf_path.parent, dtype=torch.float32, gguf_file=gguf_path.name)
-    except (ValueError, KeyError, RuntimeError) as e:
-        raise UserError(f"{gguf_path} could not be read as a '{arch}' GGUF: {str(e).splitlines()[0]}") from e
-    # transformers keeps a GGUF quantizer attached that makes save_pretrained refuse, so the
-    # weights go through our own decoder and writer instead (logits are identical).
-    return load_weights(build(ModelConfig.from_hf(hf.config.to_dict())), dict(hf.state_dict()))
-
-
-def save_gguf_tokenizer(gguf_path: Path, out_dir: Path) -> None:
-    from transformers import AutoTokenizer
-
-    AutoTokenizer.from_pretrained(Path(gguf_path).parent, gguf_file=Path(gguf_path).name).save_pretrained(out_dir)
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF of one of GGUF_ARCHS into an fp32 HF safetensors directory (+ tokenizer)."""
-    save_decoder(gguf_decoder(gguf_path), out_dir)
-    save_gguf_tokenizer(gguf_path, out_dir)

@@ -10,7 +10,8 @@ import torch
 from compress import models
 from compress.manifest import read_manifest
 from compress.gguf.family import permute_rows, unpermute_rows
-from compress.model.load import convert_gguf, open_decoder
+from compress.gguf.metadata import convert_gguf
+from compress.model.load import open_decoder
 from compress.models import load_model
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_fusion import join_projections
@@ -87,14 +88,13 @@ def test_codes_are_read_block_by_block_never_through_a_whole_model(tmp_path, mon
     reader, which dequantizes the whole model at once, is not called, and what is written is the fixture's reading."""
     from safetensors.torch import load_file
 
-    from compress.gguf import reader
-    from compress.model import load
+    from compress.gguf import metadata, reader
 
     path, _ = q4_k_m_gguf
     for d in ("ours", "transformers"):
         (tmp_path / d).mkdir()
     convert_gguf(path, tmp_path / "transformers")  # transformers' reading: every tensor fp32
-    monkeypatch.setattr(load, "gguf_decoder", lambda p: pytest.fail("the whole model was loaded"))
+    monkeypatch.setattr(metadata, "gguf_decoder", lambda p: pytest.fail("the whole model was loaded"))
     reader.convert(path, tmp_path / "ours")
     ours, theirs = ({k: v for f in sorted((tmp_path / d).glob("*.safetensors")) for k, v in load_file(f).items()}
                     for d in ("ours", "transformers"))

@@ -4,7 +4,7 @@ import numpy as np
 import torch
 
 from compress.gguf.tensors import GgufTensors
-from compress.model.load import gguf_config
+from compress.gguf.metadata import gguf_config
 
 
 def test_rows_read_from_the_file_are_the_maps_rows(q4_k_m_gguf):
