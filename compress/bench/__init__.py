@@ -22,6 +22,7 @@ Scripts (python -m compress.bench.NAME; each docstring gives the command):
     quant_quality     fp32 vs RTN vs AWQ at int4/int3 on the built-in and off-grid models: time, size, perplexity
     vs_llmcompressor  llm-compressor's AWQ beside ours on the same calibration tokens
     int8_report       int8 outlier dims per layer type, int8/fp8 perplexity ablations
+    fp8_report        where fp8's perplexity loss comes from: weights, activations, each Linear kind's inputs
     eval_backends     our lm-eval backend vs lm-eval's HFLM on MMLU: accuracy and wall time
     server_mmlu       lm-eval's local-completions against `compress serve` vs in process
     scale_bench, random_checkpoint, first_blocks   real-size (7-70B shapes) memory and time

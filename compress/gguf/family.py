@@ -18,6 +18,9 @@ from compress.errors import UserError
 from compress.model.config import ModelConfig
 
 
+CAPS = ("attn_logit_softcapping", "final_logit_softcapping")  # "{arch}.*" keys, named as in config.json
+
+
 @dataclass(frozen=True)
 class GgufFamily:
     arch: str  # general.architecture
@@ -27,6 +30,7 @@ class GgufFamily:
     norm_plus_one: bool = False  # norms stored as 1 + w
     wide_scale_layers: int = 0  # the layer count at which llama.cpp scales scores by 1/sqrt(hidden/heads) (Gemma's 27B)
     local_rope_theta: float | None = None  # the sliding layers' rope base llama.cpp assumes (Gemma 3), unscaled
+    caps: tuple[str, ...] = ()  # soft-cap keys llama.cpp applies (defaulting them where a file lacks them); no others
 
 
 FAMILIES = {
@@ -34,7 +38,7 @@ FAMILIES = {
     "mistral": GgufFamily("llama", True, drop_windows=True),
     "qwen2": GgufFamily("qwen2", False),
     "qwen3": GgufFamily("qwen3", False),
-    "gemma2": GgufFamily("gemma2", False, swa_period=2, norm_plus_one=True, wide_scale_layers=46),
+    "gemma2": GgufFamily("gemma2", False, swa_period=2, norm_plus_one=True, wide_scale_layers=46, caps=CAPS),
     "gemma3_text": GgufFamily("gemma3", False, swa_period=6, norm_plus_one=True, wide_scale_layers=62, local_rope_theta=10000.0),
 }
 ROPE_TYPES = ("linear", "llama3", "yarn")  # scalings llama.cpp reads for these architectures
@@ -59,6 +63,10 @@ def family(cfg: ModelConfig) -> GgufFamily:
     if abs(cfg.scale() - llama_cpp_scale(cfg, fam)) > 1e-6 * cfg.scale():
         raise UserError(f"--format gguf: llama.cpp's {fam.arch} scales attention by {llama_cpp_scale(cfg, fam):.6g} for this "
                         f"shape, this checkpoint by {cfg.scale():.6g} (query_pre_attn_scalar); use --format compressed-tensors")
+    wrong = [k for k, v in soft_caps(cfg).items() if (v is None) == (k in fam.caps)]
+    if wrong:
+        raise UserError(f"--format gguf: llama.cpp's {fam.arch} applies the soft-caps {', '.join(fam.caps) or 'none'} "
+                        f"(defaulting absent ones), this checkpoint {soft_caps(cfg)}; use --format compressed-tensors")
     local = cfg.local_rope
     if local is not None and (local.get("rope_type", "default") != "default" or local.get("rope_theta") != fam.local_rope_theta):
         raise UserError(f"--format gguf: llama.cpp's {fam.arch} rotates sliding layers with base {fam.local_rope_theta}, "
@@ -66,8 +74,17 @@ def family(cfg: ModelConfig) -> GgufFamily:
     return fam
 
 
+def soft_caps(cfg: ModelConfig) -> dict[str, float | None]:
+    return {"attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
+
+
+def query_scalar(cfg: ModelConfig, fam: GgufFamily) -> int:
+    """What llama.cpp divides scores by the square root of: head_dim, or n_embd / n_head (integers) for the 27B shapes."""
+    return cfg.hidden_size // cfg.num_heads if cfg.num_layers == fam.wide_scale_layers else cfg.head_dim
+
+
 def llama_cpp_scale(cfg: ModelConfig, fam: GgufFamily) -> float:
-    return (cfg.hidden_size / cfg.num_heads if cfg.num_layers == fam.wide_scale_layers else cfg.head_dim) ** -0.5
+    return query_scalar(cfg, fam) ** -0.5
 
 
 def hyperparameters(cfg: ModelConfig) -> dict[str, object]:
@@ -86,8 +103,7 @@ def hyperparameters(cfg: ModelConfig) -> dict[str, object]:
         "rope.dimension_count": cfg.head_dim,
         "vocab_size": cfg.vocab_size,
     }
-    caps = {"attn_logit_softcapping": cfg.attn_softcap, "final_logit_softcapping": cfg.final_softcap}
-    keys |= {k: float(v) for k, v in caps.items() if v is not None}
+    keys |= {k: float(soft_caps(cfg)[k]) for k in FAMILIES[cfg.model_type].caps}
     if FAMILIES[cfg.model_type].swa_period:
         keys["attention.sliding_window"] = cfg.sliding_window
     rope = cfg.rope_scaling or {}

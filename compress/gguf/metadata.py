@@ -1,10 +1,11 @@
 """The model a GGUF file describes: its architecture, its config (transformers' mapping of the metadata keys plus what
 that mapping drops), and transformers' whole-model reading for the files our block-by-block reader does not take.
 
-transformers' GGUF config mapping ignores Gemma 2's soft-cap keys, leaves Gemma's query_pre_attn_scalar at its
-default 256 (llama.cpp computes the attention scale from the shape instead: family.llama_cpp_scale) and refuses nothing
-about "{arch}.rope.scaling.*": a Gemma 2 with other caps or head_dim, or a Gemma 3 4B file (linear scaling 8 on its
-global layers), read through that mapping alone computes other logits. ``gguf_config`` puts them back.
+transformers' GGUF config mapping ignores Gemma 2's soft-cap keys, qwen3's key_length (head_dim) and every
+"{arch}.rope.scaling.*" key, and leaves Gemma's query_pre_attn_scalar at its default 256 (llama.cpp computes the
+attention scale from the shape instead: family.query_scalar): a Gemma 2 with other caps or head_dim, a Qwen3 whose
+head_dim is not 128, or a Gemma 3 4B file (linear scaling 8 on its global layers), read through that mapping alone
+computes other logits. ``gguf_config`` puts them back; scalings it does not read are refused.
 """
 
 import copy
@@ -13,25 +14,33 @@ from pathlib import Path
 import torch
 
 from compress.errors import UserError
-from compress.gguf.family import FAMILIES, llama_cpp_scale
+from compress.gguf.family import FAMILIES, query_scalar
 from compress.model.config import ModelConfig
 from compress.model.load import build, load_weights, save_decoder
 
 # GGUF names of our families that transformers' GGUF reader loads (Mistral and SmolLM2 files say "llama"; "gemma3" is
 # Gemma 3's text decoder).
 GGUF_ARCHS = ("llama", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
-READ_ROPE_TYPES = ("none", "", "linear", "yarn")  # "{arch}.rope.scaling.type" values gguf_config reads
+READ_ROPE_TYPES = ("linear", "yarn")  # "{arch}.rope.scaling.type" values read, for the families we write
+ROPE_SCALING_KEYS = ("type", "factor", "original_context_length", "finetuned")  # the "{arch}.rope.scaling.*" keys read
 
-# Rotary scaling nothing here reads: tensors (Llama 3.1's rope_freqs, Phi-3's longrope factors) and other
-# ARCH.rope.scaling.type keys; a model converted without them computes other logits.
+# Rotary scaling nothing here reads: tensors (Llama 3.1's rope_freqs, Phi-3's longrope factors), other types or
+# parameters (yarn's attn_factor...); a model converted without them computes other logits.
 DROPPED_GGUF_TENSORS = ("rope_freqs.", "rope_factors_")
-CAPS = ("attn_logit_softcapping", "final_logit_softcapping")  # "{arch}.*" keys and config.json keys alike
 
 
 def dropped_rope(reader) -> list[str]:
-    tensors = {t.name for t in reader.tensors if t.name.startswith(DROPPED_GGUF_TENSORS)}
-    keys = {k for k, f in reader.fields.items() if k.endswith(".rope.scaling.type") and f.contents() not in READ_ROPE_TYPES}
-    return sorted(tensors | keys)
+    """The file's rotary-scaling tensors and keys that a conversion would drop (phi3 files go through transformers'
+    mapping, which reads no scaling keys)."""
+    ours = reader.fields["general.architecture"].contents() in {f.arch for f in FAMILIES.values()}
+    dropped = {t.name for t in reader.tensors if t.name.startswith(DROPPED_GGUF_TENSORS)}
+    for k, f in reader.fields.items():
+        name = k.rpartition(".rope.scaling.")[2] if ".rope.scaling." in k else None
+        if name == "type" and f.contents() not in ("none", "") and not (ours and f.contents() in READ_ROPE_TYPES):
+            dropped.add(k)
+        elif name is not None and name not in ROPE_SCALING_KEYS:
+            dropped.add(k)
+    return sorted(dropped)
 
 
 def open_reader(path: Path):
@@ -65,22 +74,28 @@ def supported_gguf(gguf_path: Path) -> str:
 
 def with_dropped_keys(hf: dict, fields: dict[str, object]) -> dict:
     """transformers' config dict of a GGUF plus what its mapping drops from a file of one of our families (``fields``:
-    metadata key -> value): Gemma's attention scale by llama.cpp's rule, soft-caps, the global rope scaling. The dict,
-    not the ModelConfig, is changed: its keys are what a converted checkpoint's config.json says."""
-    cfg = ModelConfig.from_hf(hf)
-    fam = FAMILIES.get(cfg.model_type)
-    if fam is None:  # phi3: transformers reads all of it (longrope is refused above)
+    metadata key -> value): head_dim (qwen3), Gemma's attention scale by llama.cpp's rule, the soft-caps llama.cpp
+    applies, the global rope scaling. The dict, not a ModelConfig, is changed: it is what a converted copy's
+    config.json says."""
+    fam = FAMILIES.get(hf["model_type"])
+    if fam is None:  # phi3: transformers reads all of it (scalings are refused above)
         return hf
     key = {k.removeprefix(f"{fam.arch}."): v for k, v in fields.items() if k.startswith(f"{fam.arch}.")}
-    out = hf | {name: float(key[name]) for name in CAPS if name in key}
+    out = dict(hf)
+    if "attention.key_length" in key:
+        out["head_dim"] = int(key["attention.key_length"])
+    out |= {name: float(key[name]) for name in fam.caps if name in key}  # absent: llama.cpp's defaults, transformers' too
     if fam.wide_scale_layers:
-        out["query_pre_attn_scalar"] = round(llama_cpp_scale(cfg, fam) ** -2)  # an int to transformers: head_dim or hidden / heads
+        out["query_pre_attn_scalar"] = query_scalar(ModelConfig.from_hf(out), fam)
     kind = key.get("rope.scaling.type")
-    if kind in ("linear", "yarn"):
-        rope = copy.deepcopy(hf.get("rope_parameters") or {"rope_type": "default", "rope_theta": cfg.rope_theta})
+    if kind in READ_ROPE_TYPES:
+        if "rope.scaling.factor" not in key:
+            raise UserError(f"this GGUF's {fam.arch}.rope.scaling.type is {kind} but it has no {fam.arch}.rope.scaling.factor; "
+                            "the file is incomplete: convert the Hugging Face checkpoint instead")
+        rope = copy.deepcopy(hf.get("rope_parameters") or {"rope_type": "default", "rope_theta": hf.get("rope_theta", 10000.0)})
         glob = rope.get("full_attention", rope)  # Gemma 3: per layer type, the scaling is the global layers'
         glob |= {"rope_type": kind, "factor": float(key["rope.scaling.factor"])}
-        if kind == "yarn":
+        if "rope.scaling.original_context_length" in key:
             glob["original_max_position_embeddings"] = int(key["rope.scaling.original_context_length"])
         out["rope_parameters"] = rope
     return out

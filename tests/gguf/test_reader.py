@@ -113,7 +113,7 @@ def test_gemma2_file_keeps_its_codes_and_computes_as_transformers_reads_it(tmp_p
     assert isinstance(model.model.layers[1].self_attn.q_proj, GgufLinear)  # the file's codes, no q/k permutation
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
-    convert_gguf(path, dequantized)  # transformers' reading: norms back to w (the file holds 1 + w), soft-caps, window
+    convert_gguf(path, dequantized)  # transformers' dequantized weights (norms back to w: the file holds 1 + w)
     with torch.no_grad():
         ours, ref = model(IDS), load_model(dequantized)(IDS)
     assert (ours - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
