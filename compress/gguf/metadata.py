@@ -52,21 +52,17 @@ def open_reader(path: Path):
         raise UserError(f"{path} is not a readable GGUF file ({e})") from e
 
 
-def gguf_architecture(path: Path) -> str:
-    """The GGUF's general.architecture; refused where a conversion would drop its rotary scaling."""
-    reader = open_reader(path)
+def supported_gguf(gguf_path: Path, reader=None) -> str:
+    """The GGUF's general.architecture, one of GGUF_ARCHS (else one line); refused where a conversion would drop its
+    rotary scaling. ``reader``: the file's GGUFReader where the caller has one open."""
+    reader = open_reader(gguf_path) if reader is None else reader
     if "general.architecture" not in reader.fields:
-        raise UserError(f"{path} is not a readable GGUF file (no general.architecture key)")
+        raise UserError(f"{gguf_path} is not a readable GGUF file (no general.architecture key)")
     dropped = dropped_rope(reader)
     if dropped:
-        raise UserError(f"{path} scales its rotary embedding ({', '.join(dropped)}) in a way that this reader does not "
-                        "read; convert the Hugging Face checkpoint instead")
-    return reader.fields["general.architecture"].contents()
-
-
-def supported_gguf(gguf_path: Path) -> str:
-    """The GGUF's architecture, one of GGUF_ARCHS (else one line)."""
-    arch = gguf_architecture(gguf_path)
+        raise UserError(f"{gguf_path} scales its rotary embedding ({', '.join(dropped)}) in a way that this reader does "
+                        "not read; convert the Hugging Face checkpoint instead")
+    arch = reader.fields["general.architecture"].contents()
     if arch not in GGUF_ARCHS:
         raise UserError(f"{gguf_path} holds a '{arch}' model (supported GGUF architectures: {', '.join(GGUF_ARCHS)})")
     return arch
@@ -106,12 +102,13 @@ def gguf_config(gguf_path: Path) -> ModelConfig:
     from transformers import AutoConfig
 
     gguf_path = Path(gguf_path)
-    arch = supported_gguf(gguf_path)
+    reader = open_reader(gguf_path)  # one parse of the header, for the checks and the keys
+    arch = supported_gguf(gguf_path, reader)
     try:
         hf = AutoConfig.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
     except (ValueError, KeyError, RuntimeError) as e:
         raise UserError(f"{gguf_path} could not be read as a '{arch}' GGUF: {str(e).splitlines()[0]}") from e
-    fields = {k: f.contents() for k, f in open_reader(gguf_path).fields.items() if not k.startswith("tokenizer.")}
+    fields = {k: f.contents() for k, f in reader.fields.items() if not k.startswith("tokenizer.")}
     return ModelConfig.from_hf(with_dropped_keys(hf.to_dict(), fields))
 
 
