@@ -18,9 +18,13 @@ class PeakRSS:
     def _sample(self):
         proc = psutil.Process()
         while not self._stop.is_set():
-            self.peak = max(self.peak, proc.memory_info().rss / 2**20)
+            self._take(proc)
             time.sleep(0.02)
+
+    def _take(self, proc: psutil.Process) -> None:
+        self.peak = max(self.peak, proc.memory_info().rss / 2**20)
 
     def __exit__(self, *exc):
         self._stop.set()
         self._thread.join()
+        self._take(psutil.Process())  # a block shorter than the thread's start-up got no sample: peak read 0
