@@ -53,12 +53,14 @@ def calibration_file(tokenizer, path: Path, nsamples: int, seqlen: int, seed: in
 
 
 def command(python: Path, src_dir: Path, out_dir: Path, fmt: str, iters: int, nsamples: int, seqlen: int,
-            calib_file: Path) -> list[str]:
-    """AutoRound's CLI on the CPU: ``fmt`` "gguf:q4_0", "gguf:q4_k_m", "gguf:q8_0"... or "auto_round" (its default
-    W4A16: symmetric int4, group 128); iters 0 is its RTN mode (with an importance-weighted rounding search of its own)."""
+            calib_file: Path, scheme: tuple[str, ...] = ()) -> list[str]:
+    """AutoRound's CLI on the CPU: ``fmt`` "gguf:q4_0", "gguf:q4_k_m", "gguf:q8_0"..., "auto_round" (its default
+    W4A16: symmetric int4, group 128) or "fake" (the dequantized weights as a plain checkpoint); iters 0 is its RTN
+    mode (with an importance-weighted rounding search of its own). ``scheme``: more of its flags, e.g.
+    ("--bits", "4", "--group_size", "64", "--asym")."""
     return [str(python), "-m", "auto_round", "--model", str(src_dir), "--format", fmt, "--iters", str(iters),
             "--nsamples", str(nsamples), "--seqlen", str(seqlen), "--dataset", str(calib_file), "--device", "cpu",
-            "--output_dir", str(out_dir)]
+            "--output_dir", str(out_dir), *scheme]
 
 
 def written(out_dir: Path, fmt: str) -> Path:
@@ -78,7 +80,7 @@ def environment() -> dict[str, str]:
 
 
 def run_autoround(src_dir: Path, out_dir: Path, fmt: str, iters: int, nsamples: int, seqlen: int,
-                  calib_file: Path) -> tuple[Path, float]:
+                  calib_file: Path, scheme: tuple[str, ...] = ()) -> tuple[Path, float]:
     """Quantize ``src_dir`` with AutoRound into ``out_dir`` (replaced when complete); returns (the written .gguf file or
     model directory, wall seconds of the child process). Its output is staged in a sibling temporary directory and
     the child runs from a neutral working directory (a checkout's kernels/ would shadow transformers' probe)."""
@@ -87,7 +89,8 @@ def run_autoround(src_dir: Path, out_dir: Path, fmt: str, iters: int, nsamples: 
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.partial-", dir=out_dir.parent))
     try:
-        cmd = command(cmd_python, Path(src_dir).absolute(), tmp, fmt, iters, nsamples, seqlen, Path(calib_file).absolute())
+        cmd = command(cmd_python, Path(src_dir).absolute(), tmp, fmt, iters, nsamples, seqlen, Path(calib_file).absolute(),
+                      scheme)
         start = time.perf_counter()
         done = subprocess.run(cmd, cwd=tmp, env=environment())
         seconds = time.perf_counter() - start

@@ -101,3 +101,9 @@ def test_calibration_file_holds_our_rows(smollm2_dir, data_dir, tmp_path):
     for text, row in zip(lines, rows):
         ids = tok(text, add_special_tokens=False).input_ids
         assert len(ids) >= 64 and ids[:56] == row[:56].tolist()  # the same tokens, up to the last word's re-tokenization
+
+
+def test_command_passes_the_scheme_flags_last(tmp_path):
+    cmd = autoround.command(tmp_path / "py", tmp_path / "src", tmp_path / "out", "fake", 200, 128, 512, tmp_path / "c.jsonl",
+                            ("--bits", "4", "--group_size", "64", "--asym"))
+    assert cmd[cmd.index("--format") + 1] == "fake" and cmd[-5:] == ["--bits", "4", "--group_size", "64", "--asym"]
