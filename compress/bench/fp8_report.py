@@ -71,15 +71,17 @@ def changes() -> dict[str, Callable]:
     return rows
 
 
+def ppl_changed(src: Path, change: Callable, tokens, pcfg: PerplexityConfig, label: str) -> float:
+    """Perplexity of a freshly loaded model after ``change(model)``."""
+    model = models.load_model(src)
+    change(model)
+    return perplexity(model, tokens, pcfg, desc=label)
+
+
 def report(src: Path, pcfg: PerplexityConfig) -> list[tuple[str, float]]:
     """(label, perplexity) for each row of ``changes``, each on a freshly loaded model."""
     tokens = wikitext_tokens(models.load_tokenizer(src))
-    out = []
-    for label, change in changes().items():
-        model = models.load_model(src)
-        change(model)
-        out.append((label, perplexity(model, tokens, pcfg, desc=label)))
-    return out
+    return [(label, ppl_changed(src, change, tokens, pcfg, label)) for label, change in changes().items()]
 
 
 def table(rows: list[tuple[str, float]]) -> list[str]:

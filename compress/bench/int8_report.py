@@ -16,7 +16,7 @@ import click
 import torch
 
 from compress import models
-from compress.bench.fp8_report import fp8_activations_only, fp8_weights_only
+from compress.bench.fp8_report import fp8_activations_only, fp8_weights_only, ppl_changed
 from compress.calib import calibration_tokens
 from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
 from compress.model.arch import LAYER_LINEARS
@@ -50,12 +50,6 @@ def plot_absmax(absmax: torch.Tensor, name: str, threshold: float, path: Path) -
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def ppl_changed(src: Path, change, tokens, pcfg: PerplexityConfig, label: str) -> float:
-    model = models.load_model(src)
-    change(model)
-    return perplexity(model, tokens, pcfg, desc=label)
 
 
 def ppl_of(src: Path, cfg: QuantConfig | None, calib, tokens, pcfg: PerplexityConfig, label: str) -> float:

@@ -16,7 +16,7 @@ import torch
 from compress.errors import UserError
 from compress.gguf.family import FAMILIES, query_scalar
 from compress.model.config import ModelConfig
-from compress.model.load import build, load_weights, save_decoder
+from compress.model.load import build, load_weights
 
 # GGUF names of our families that transformers' GGUF reader loads (Mistral and SmolLM2 files say "llama"; "gemma3" is
 # Gemma 3's text decoder).
@@ -71,13 +71,15 @@ def supported_gguf(gguf_path: Path, reader=None) -> str:
 def with_dropped_keys(hf: dict, fields: dict[str, object]) -> dict:
     """transformers' config dict of a GGUF plus what its mapping drops from a file of one of our families (``fields``:
     metadata key -> value): head_dim (qwen3), Gemma's attention scale by llama.cpp's rule, the soft-caps llama.cpp
-    applies, the global rope scaling. The dict, not a ModelConfig, is changed: it is what a converted copy's
+    applies, the global rope scaling, no window where llama.cpp applies none (a "llama" file named Mistral). The dict, not a ModelConfig, is changed: it is what a converted copy's
     config.json says."""
     fam = FAMILIES.get(hf["model_type"])
     if fam is None:  # phi3: transformers reads all of it (scalings are refused above)
         return hf
     key = {k.removeprefix(f"{fam.arch}."): v for k, v in fields.items() if k.startswith(f"{fam.arch}.")}
     out = dict(hf)
+    if fam.drop_windows:  # transformers' Mistral default is a 4096-token window; llama.cpp's llama attends to all tokens
+        out["sliding_window"] = None
     if "attention.key_length" in key:
         out["head_dim"] = int(key["attention.key_length"])
     out |= {name: float(key[name]) for name in fam.caps if name in key}  # absent: llama.cpp's defaults, transformers' too
@@ -131,9 +133,3 @@ def save_gguf_tokenizer(gguf_path: Path, out_dir: Path) -> None:
     from transformers import AutoTokenizer
 
     AutoTokenizer.from_pretrained(Path(gguf_path).parent, gguf_file=Path(gguf_path).name).save_pretrained(out_dir)
-
-
-def convert_gguf(gguf_path: Path, out_dir: Path) -> None:
-    """Dequantize a GGUF of one of GGUF_ARCHS into an fp32 HF safetensors directory (+ tokenizer)."""
-    save_decoder(gguf_decoder(gguf_path), out_dir)
-    save_gguf_tokenizer(gguf_path, out_dir)

@@ -81,6 +81,8 @@ def test_keys_are_read_for_the_families_llama_cpp_reads_them_for():
     assert (out["query_pre_attn_scalar"], out["attn_logit_softcapping"], out["final_logit_softcapping"]) == (128, 20.0, 10.0)
     llama = hf_dict("llama")
     assert with_dropped_keys(llama, {"llama.final_logit_softcapping": 5.0}) == llama  # llama.cpp's llama applies no cap
+    mistral = hf_dict("mistral")  # transformers maps a "llama" file named Mistral here, with its default window
+    assert mistral["sliding_window"] == 4096 and with_dropped_keys(mistral, {})["sliding_window"] is None
     assert with_dropped_keys(hf_dict("qwen3", head_dim=128), {"qwen3.attention.key_length": 64})["head_dim"] == 64
     yarn = {"qwen2.rope.scaling.type": "yarn", "qwen2.rope.scaling.factor": 4.0, "qwen2.rope.scaling.original_context_length": 64}
     rope = with_dropped_keys(hf_dict("qwen2"), yarn)["rope_parameters"]

@@ -10,7 +10,7 @@ import torch
 from compress import models
 from compress.manifest import read_manifest
 from compress.gguf.family import permute_rows, unpermute_rows
-from compress.gguf.metadata import convert_gguf
+from compress.gguf.reader import convert
 from compress.model.load import open_decoder
 from compress.models import load_model
 from compress.quant.linear import GgufLinear, PackedLinear
@@ -50,7 +50,7 @@ def test_q4_0_file_reads_back_as_int4_with_the_files_own_weights(tmp_path, monke
     assert read_manifest(back)["gguf"] == {"file": "m.gguf", "linears": "Q4_0", "output": "Q6_K"}
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
-    convert_gguf(path, dequantized)  # transformers' reading of the same file, every tensor fp32
+    convert(path, dequantized, keep_codes=False)  # transformers' reading of the same file, every tensor fp32
     with torch.no_grad():
         ours, ref = model(IDS), load_model(dequantized)(IDS)
     assert (ours - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
@@ -93,7 +93,7 @@ def test_codes_are_read_block_by_block_never_through_a_whole_model(tmp_path, mon
     path, _ = q4_k_m_gguf
     for d in ("ours", "transformers"):
         (tmp_path / d).mkdir()
-    convert_gguf(path, tmp_path / "transformers")  # transformers' reading: every tensor fp32
+    convert(path, tmp_path / "transformers", keep_codes=False)  # transformers' reading: every tensor fp32
     monkeypatch.setattr(metadata, "gguf_decoder", lambda p: pytest.fail("the whole model was loaded"))
     reader.convert(path, tmp_path / "ours")
     ours, theirs = ({k: v for f in sorted((tmp_path / d).glob("*.safetensors")) for k, v in load_file(f).items()}
@@ -113,7 +113,7 @@ def test_gemma2_file_keeps_its_codes_and_computes_as_transformers_reads_it(tmp_p
     assert isinstance(model.model.layers[1].self_attn.q_proj, GgufLinear)  # the file's codes, no q/k permutation
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
-    convert_gguf(path, dequantized)  # transformers' dequantized weights (norms back to w: the file holds 1 + w)
+    convert(path, dequantized, keep_codes=False)  # transformers' dequantized weights (norms back to w: the file holds 1 + w)
     with torch.no_grad():
         ours, ref = model(IDS), load_model(dequantized)(IDS)
     assert (ours - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
