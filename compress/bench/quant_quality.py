@@ -24,6 +24,7 @@ from compress import models
 from compress.commands.evaluate import model_bytes
 from compress.commands.quantize import run_quantize
 from compress.eval.perplexity import PerplexityConfig, perplexity, wikitext_tokens
+from compress.quant.apply import resolve_group_size
 from compress.quant.config import QuantConfig
 
 MODELS = ("smollm2-135m", "smollm2-135m-offgrid")
@@ -89,10 +90,13 @@ def measure(model: str, out: Path, pcfg: PerplexityConfig, group_size: int | Non
     src = models.resolve(model)
     tokenizer = models.load_tokenizer(src)
     tokens = wikitext_tokens(tokenizer)
+    fp32 = models.load_model(src)
     rows = [{"model": model, "name": "fp32", "bits": None, "seconds": None, "mib": size_mib(src),
-             "ppl": perplexity(models.load_model(src), tokens, pcfg, desc=f"{model} fp32")}]
+             "ppl": perplexity(fp32, tokens, pcfg, desc=f"{model} fp32")}]
+    # AutoRound's --group_size: the one our quantizer picks for this model (QuantConfig's None)
+    ar_group = group_size or resolve_group_size(fp32, None)
+    del fp32
     (out / model).mkdir(parents=True, exist_ok=True)
-    ar_group = (group_size or default_group_size(src)) if ar_runs else None
     for bits in bits_list:
         # (name, checkpoint directory, what makes it, whether its size is the format's: AutoRound's "fake" is not)
         jobs = [(f"{m} int{bits}", out / model / f"{m}-int{bits}", partial(ours, model, method=m, bits=bits,
@@ -107,13 +111,6 @@ def measure(model: str, out: Path, pcfg: PerplexityConfig, group_size: int | Non
                          "mib": size_mib(path) if sized else None, "ppl": ppl})
             print(f"done: {rows[-1]}", flush=True)  # a long run shows what it has so far
     return rows
-
-
-def default_group_size(src: Path) -> int:
-    """The group size our quantizer picks for this model (QuantConfig's None), for AutoRound's flag."""
-    from compress.quant.apply import resolve_group_size
-
-    return resolve_group_size(models.load_model(src), None)
 
 
 def table(rows: list[dict]) -> str:

@@ -71,8 +71,8 @@ def supported_gguf(gguf_path: Path, reader=None) -> str:
 def with_dropped_keys(hf: dict, fields: dict[str, object]) -> dict:
     """transformers' config dict of a GGUF plus what its mapping drops from a file of one of our families (``fields``:
     metadata key -> value): head_dim (qwen3), Gemma's attention scale by llama.cpp's rule, the soft-caps llama.cpp
-    applies, the global rope scaling, no window where llama.cpp applies none (a "llama" file named Mistral). The dict, not a ModelConfig, is changed: it is what a converted copy's
-    config.json says."""
+    applies, the global rope scaling, no window where llama.cpp applies none (a "llama" file named Mistral). The dict,
+    not a ModelConfig, is changed: it is what a converted copy's config.json says."""
     fam = FAMILIES.get(hf["model_type"])
     if fam is None:  # phi3: transformers reads all of it (scalings are refused above)
         return hf

@@ -1,4 +1,5 @@
-"""The quality table's arithmetic: gaps to each model's own fp32, AWQ's over RTN's at the same bits."""
+"""The quality table's arithmetic (gaps to each model's own fp32, each method's over RTN's at the same bits), the
+AutoRound setting, the reuse of earlier checkpoints and the options' checks."""
 
 import click
 import pytest
