@@ -1,7 +1,7 @@
 """The quantization table of docs/results/quality.md: fp32 vs RTN vs AWQ (and AutoRound) at int4 and int3, per model.
 
     python -m compress.bench.quant_quality --out bench-out [--model smollm2-135m --model smollm2-135m-offgrid]
-        [--limit-tokens N] [--bits 4] [--methods rtn,awq] [--autoround 200x128x512 ...] [--reuse]
+        [--limit-tokens N] [--bits 4] [--methods rtn,awq] [--tune 50 ...] [--autoround 200x128x512 ...] [--reuse]
 
 Quantizes each model with each method (default calibration: 128 x 512 C4 tokens), measures wall time,
 output size and WikiText-2 perplexity (2048-token windows), and prints one markdown table: each method's
@@ -57,9 +57,9 @@ def size_mib(path: Path) -> float:
     return model_bytes(path) / 2**20
 
 
-def ours(model: str, dest: Path, method: str, bits: int, group_size: int | None) -> tuple[Path, float]:
+def ours(model: str, dest: Path, method: str, bits: int, group_size: int | None, tune_iters: int = 0) -> tuple[Path, float]:
     start = time.perf_counter()
-    run_quantize(model, QuantConfig(method=method, bits=bits, group_size=group_size), str(dest), force=True)
+    run_quantize(model, QuantConfig(method=method, bits=bits, group_size=group_size, tune_iters=tune_iters), str(dest), force=True)
     return dest, time.perf_counter() - start
 
 
@@ -83,10 +83,19 @@ def made(dest: Path, make, reuse: bool) -> tuple[Path, float]:
     return path, seconds
 
 
+def bits_jobs(model: str, out: Path, bits: int, methods: list[str], tunes: list[int], group_size: int | None) -> list:
+    """Our rows at ``bits``: (name, checkpoint directory under ``out``, what makes it, whether its size is the
+    format's), for each method and for AWQ with each count of tuning steps."""
+    jobs = [(f"{m} int{bits}", out / f"{m}-int{bits}", partial(ours, model, method=m, bits=bits, group_size=group_size), True)
+            for m in methods]
+    return jobs + [(f"awq int{bits} + {n} tuning steps", out / f"awq-tune{n}-int{bits}",
+                    partial(ours, model, method="awq", bits=bits, group_size=group_size, tune_iters=n), True) for n in tunes]
+
+
 def measure(model: str, out: Path, pcfg: PerplexityConfig, group_size: int | None, methods: list[str],
-            bits_list: list[int], ar_runs: list[AutoRoundRun], reuse: bool) -> list[dict]:
-    """fp32, then per bits each method and AutoRound run: model, name, bits, quantize seconds (None for fp32), MiB,
-    perplexity."""
+            bits_list: list[int], ar_runs: list[AutoRoundRun], reuse: bool, tunes: list[int] = ()) -> list[dict]:
+    """fp32, then per bits each method, AWQ with each count of tuning steps and each AutoRound run: model, name, bits,
+    quantize seconds (None for fp32), MiB, perplexity."""
     src = models.resolve(model)
     tokenizer = models.load_tokenizer(src)
     tokens = wikitext_tokens(tokenizer)
@@ -98,10 +107,7 @@ def measure(model: str, out: Path, pcfg: PerplexityConfig, group_size: int | Non
     del fp32
     (out / model).mkdir(parents=True, exist_ok=True)
     for bits in bits_list:
-        # (name, checkpoint directory, what makes it, whether its size is the format's: AutoRound's "fake" is not)
-        jobs = [(f"{m} int{bits}", out / model / f"{m}-int{bits}", partial(ours, model, method=m, bits=bits,
-                                                                           group_size=group_size), True)
-                for m in methods]
+        jobs = bits_jobs(model, out / model, bits, methods, tunes, group_size)
         jobs += [(r.label(bits), out / model / r.dirname(bits),
                   partial(autoround, src, tokenizer, run=r, bits=bits, group_size=ar_group), False) for r in ar_runs]
         for name, dest, make, sized in jobs:
@@ -138,8 +144,10 @@ def table(rows: list[dict]) -> str:
 @click.option("--methods", default=",".join(METHODS), show_default=True, help="ours, comma-separated (rtn gives the ratios)")
 @click.option("--autoround", "ar_runs", multiple=True, metavar="ITERSxSAMPLESxSEQLEN",
               help="repeatable: also AutoRound at this setting (e.g. 200x128x512; docs/autoround.md)")
+@click.option("--tune", "tunes", type=click.IntRange(min=1), multiple=True, metavar="N",
+              help="repeatable: also AWQ with N block-output tuning steps (quantize --tune-iters N)")
 @click.option("--reuse", is_flag=True, help="keep the checkpoints (and seconds) an earlier run wrote under --out")
-def main(model_names, out, limit_tokens, group_size, bits_list, methods, ar_runs, reuse):
+def main(model_names, out, limit_tokens, group_size, bits_list, methods, ar_runs, tunes, reuse):
     pcfg = PerplexityConfig(seq_len=2048, limit_tokens=limit_tokens)
     names = list(model_names) or list(MODELS)
     method_list = [m.strip() for m in methods.split(",") if m.strip()]
@@ -154,7 +162,7 @@ def main(model_names, out, limit_tokens, group_size, bits_list, methods, ar_runs
         models.resolve(name)  # a missing model fails before the first hour of work
     bits = [int(b) for b in bits_list] or list(BITS)
     rows = [row for name in names
-            for row in measure(name, Path(out), pcfg, group_size, method_list, bits, runs, reuse)]
+            for row in measure(name, Path(out), pcfg, group_size, method_list, bits, runs, reuse, list(tunes))]
     print(f"\nWikiText-2 test, 2048-token windows, {'first ' + str(limit_tokens) + ' tokens' if limit_tokens else 'all tokens'}")
     print(table(rows))
 

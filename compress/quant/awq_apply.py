@@ -16,6 +16,7 @@ from compress.calib import BlockDone, block_inputs, blocks, compute_device, reco
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.awq import GridSearch, ScaleResult, group_hessians, search_scale, side_by_side
+from compress.quant.block_tune import tune_block
 from compress.quant.config import QuantConfig
 from compress.quant.gptq import gptq_codes, prepare
 from compress.quant.moe_calib import RoutedTokens, all_experts
@@ -141,10 +142,11 @@ Finish = Callable[[nn.Module, dict, dict], None]
 
 
 def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int,
-              calibrate=nullcontext, finish: Finish | None = None) -> list[ScaleResult]:
+              calibrate=nullcontext, finish: Finish | None = None, target: torch.Tensor | None = None) -> list[ScaleResult]:
     """Search, fold and quantize one block in place; returns each group's search result. The inputs are recorded
     within ``calibrate()`` (moe_calib.all_experts). ``finish`` rounds the Linears instead of the swap to
-    PackedLinears (a GGUF file's own types, compress/gguf/export.py)."""
+    PackedLinears (a GGUF file's own types, compress/gguf/export.py). ``target`` [N, T, C]: the unquantized model's
+    output of this block, which ``cfg.tune_iters`` steps of block_tune then fit before the swap."""
     with calibrate():
         feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed, gram=cfg.gptq)
     found = [search_group(block, g, feats, spec, cfg, head_dim) for g in groups]
@@ -165,6 +167,8 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
         finish(block, hessians, grams)
         return [res for res, _ in found]
     params, codes = grids_and_codes(block, hessians, grams, spec, cfg.grid)
+    if target is not None:
+        params, codes = tune_block(block, x, target, params, codes, spec, cfg.tune_iters, seed)
     quantize_block(block, spec, params, codes)
     return [res for res, _ in found]
 
@@ -177,14 +181,17 @@ def awq_quantize(model: Decoder, spec: IntSpec, cfg: QuantConfig, calib: torch.T
     ``finish(i)``: layer i's rounding in place of the swap (``awq_block``)."""
     device = compute_device()
     x = block_inputs(model, calib, device)  # [N, T, C]
+    x_fp = x if cfg.tune_iters else None  # the unquantized model's inputs, whose outputs block_tune fits
     positions = torch.arange(x.shape[1], device=device)[None]  # [1, T]: same positions for every row
     bar = tqdm(blocks(model, device, done), total=model.cfg.num_layers, desc=f"AWQ int{spec.bits}", unit="block")
     for i, block in bar:
         model.prepare(positions, x.dtype)
         groups = model.cfg.layer_groups(i)
         calibrate = functools.partial(all_experts, block, f"model.layers.{i}.", routed)
+        target = run_block(block, x_fp) if x_fp is not None else None  # before the block changes
         results = awq_block(block, x, groups, spec, cfg, model.cfg.head_dim, cfg.seed + i, calibrate,
-                            finish(i) if finish is not None else None)
+                            finish(i) if finish is not None else None, target)
+        x_fp = target
         x = run_block(block, x)
         gain = sum(r.loss for r in results) / max(sum(r.loss_unscaled for r in results), 1e-30)
         bar.set_postfix(loss_vs_rtn=f"{gain:.2f}")

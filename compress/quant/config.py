@@ -27,6 +27,7 @@ class QuantConfig:
     seed: int = 0
     grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}; range shrinks in steps of 1/grid
     clip_search: bool = True  # AWQ: search each group's grid (range and scale) after scaling
+    tune_iters: int = 0  # awq: signed-gradient steps on each block's output after the searches (block_tune.py); 0 = none
     rounding: str | None = None  # awq, fp8: "gptq" (error feedback; None means this) or "nearest" (the paper's, the old fp8)
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
@@ -70,6 +71,11 @@ class QuantConfig:
             raise UserError(f"--rounding applies to --method awq and fp8, not {self.method}")
         if self.method in ROUNDED_METHODS and self.rounding is None:
             self.rounding = ROUNDINGS[0]
+        if self.tune_iters < 0:
+            raise UserError(f"--tune-iters must be >= 0, got {self.tune_iters}")
+        if self.tune_iters and (self.method != "awq" or self.format == "gguf"):
+            raise UserError(f"--tune-iters applies to --method awq in the compressed-tensors and awq formats, "
+                            f"not --method {self.method} --format {self.format}")
         self._check_int8_fp8()
         self._check_gguf()
 

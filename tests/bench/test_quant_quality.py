@@ -1,5 +1,5 @@
 """The quality table's arithmetic (gaps to each model's own fp32, each method's over RTN's at the same bits), the
-AutoRound setting, the reuse of earlier checkpoints and the options' checks."""
+AutoRound setting, the tuned AWQ rows, the reuse of earlier checkpoints and the options' checks."""
 
 import click
 import pytest
@@ -55,7 +55,20 @@ def test_made_remembers_the_seconds_and_reuses_them_only_when_asked(tmp_path):
     assert len(calls) == 2
 
 
-@pytest.mark.parametrize("args, hint", [(["--autoround", "200x128"], "--autoround"), (["--methods", "rtn,gptq"], "--methods")])
+def test_each_tuning_count_is_one_awq_row_that_passes_it_to_quantize(tmp_path, monkeypatch):
+    seen = []
+    monkeypatch.setattr(qq, "run_quantize", lambda model, cfg, dest, force: seen.append((model, cfg.method, cfg.tune_iters, dest)))
+    jobs = qq.bits_jobs("m", tmp_path, 4, ["rtn"], [50, 200], None)
+    assert [(name, dest.name, sized) for name, dest, _, sized in jobs] == [
+        ("rtn int4", "rtn-int4", True), ("awq int4 + 50 tuning steps", "awq-tune50-int4", True),
+        ("awq int4 + 200 tuning steps", "awq-tune200-int4", True)]
+    for _, dest, make, _ in jobs:
+        make(dest)
+    assert [s[:3] for s in seen] == [("m", "rtn", 0), ("m", "awq", 50), ("m", "awq", 200)]
+
+
+@pytest.mark.parametrize("args, hint", [(["--autoround", "200x128"], "--autoround"), (["--methods", "rtn,gptq"], "--methods"),
+                                        (["--tune", "0"], "--tune")])
 def test_bad_options_fail_before_any_work(args, hint, tmp_path):
     from click.testing import CliRunner
 
