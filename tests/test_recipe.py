@@ -12,7 +12,7 @@ from compress.recipe import load_recipe
 from tests.conftest import save_hf, tiny_hf
 
 RECIPES = Path(__file__).parents[1] / "recipes"
-SHIPPED = {"awq-int4", "awq-int3", "int8-outlier", "fp8", "minitron-95m", "minitron-awq-int4"}
+SHIPPED = {"awq-int4", "awq-int4-tuned", "awq-int3", "int8-outlier", "fp8", "minitron-95m", "minitron-awq-int4"}
 
 
 @pytest.mark.parametrize("name", sorted(SHIPPED))
