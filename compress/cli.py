@@ -48,6 +48,8 @@ def cli(ctx):
 @click.option("--tune-iters", type=int, default=0, show_default=True,
               help="awq: then tune the rounding on each block's output for N signed-gradient steps (AutoRound's objective; "
                    "docs/awq.md); 0: off")
+@click.option("--tune-dtype", type=click.Choice(["float32", "bfloat16"]), default=None,
+              help="--tune-iters: the steps' matmuls [default: bfloat16 where the GPU or CPU (AVX512-BF16, AMX) has it natively]")
 @click.option("--calib-data", default=None, help=".jsonl with a 'text' field, .txt, or a local datasets dir [default: C4 under $COMPRESS_DATA_DIR]")
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--calib-seq-len", type=int, default=512, show_default=True)
@@ -63,7 +65,7 @@ def cli(ctx):
 @click.option("-o", "--output", required=True, help="output directory (a .gguf file for --format gguf)")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
-def quantize(model, method, bits, group_size, symmetric, fmt, rounding, tune_iters, calib_data, calib_samples, calib_seq_len, seed,
+def quantize(model, method, bits, group_size, symmetric, fmt, rounding, tune_iters, tune_dtype, calib_data, calib_samples, calib_seq_len, seed,
              outlier_threshold, outlier_topk, static_activations, smooth_alpha, dtype, gguf_type, output, force, verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
@@ -72,7 +74,8 @@ def quantize(model, method, bits, group_size, symmetric, fmt, rounding, tune_ite
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
                       outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
-                      smooth_alpha=smooth_alpha, rounding=rounding, dtype=dtype, gguf_type=gguf_type, tune_iters=tune_iters)
+                      smooth_alpha=smooth_alpha, rounding=rounding, dtype=dtype, gguf_type=gguf_type, tune_iters=tune_iters,
+                      tune_dtype=tune_dtype)
     (run_quantize_gguf if cfg.format == "gguf" else run_quantize)(model, cfg, output, force, verbose)
 
 

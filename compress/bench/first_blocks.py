@@ -1,6 +1,7 @@
 """Seconds per block of a quantization method on a model's first blocks, and the whole model extrapolated.
 
     python -m compress.bench.first_blocks MODEL [--method awq] [--blocks 2] [--calib-samples 128] [--calib-seq-len 512]
+        [--tune-iters N]
 
 AWQ on an 8B model takes hours on a CPU; its first blocks tell the time per block and (run under
 `/usr/bin/time -v`, as scale_bench does) the peak memory, which is one block's. It runs what
@@ -51,11 +52,14 @@ def time_blocks(model: str, cfg: QuantConfig, blocks: int) -> tuple[list[float],
 @click.option("--blocks", type=int, default=2, show_default=True)
 @click.option("--calib-samples", type=int, default=128, show_default=True)
 @click.option("--calib-seq-len", type=int, default=512, show_default=True)
-def main(model, method, bits, blocks, calib_samples, calib_seq_len):
-    cfg = QuantConfig(method=method, bits=bits, calib_samples=calib_samples, calib_seq_len=calib_seq_len)
+@click.option("--tune-iters", type=int, default=0, show_default=True, help="AWQ's block-output tuning steps")
+def main(model, method, bits, blocks, calib_samples, calib_seq_len, tune_iters):
+    cfg = QuantConfig(method=method, bits=bits, calib_samples=calib_samples, calib_seq_len=calib_seq_len,
+                      tune_iters=tune_iters)
     times, layers = time_blocks(model, cfg, blocks)
     per_block = min(times[1:] or times)  # the first block also embeds the calibration set
-    print(f"{method} int{bits}, {calib_samples} x {calib_seq_len} calibration tokens: "
+    tuned = f", {tune_iters} tuning steps" if tune_iters else ""
+    print(f"{method} int{bits}, {calib_samples} x {calib_seq_len} calibration tokens{tuned}: "
           + ", ".join(f"block {i}: {t:.1f} s" for i, t in enumerate(times))
           + f"; {layers} blocks at {per_block:.1f} s = {layers * per_block / 60:.0f} min extrapolated", flush=True)
 

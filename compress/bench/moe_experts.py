@@ -14,6 +14,7 @@ import time
 
 import click
 
+from compress import host
 from compress.model.moe import SparseMoe
 from compress.runtime.engine import LLM
 from compress.runtime.sequence import SamplingParams
@@ -22,12 +23,8 @@ FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
 
 
 def cpu_flags() -> str:
-    try:
-        line = next(x for x in open("/proc/cpuinfo") if x.startswith("flags"))
-    except (OSError, StopIteration):
-        return platform.processor()
-    have = set(line.split(":", 1)[1].split())
-    return " ".join(f for f in FLAGS if f in have)
+    have = host.cpu_flags()
+    return " ".join(f for f in FLAGS if f in have) if have else platform.processor()
 
 
 def decode_rate(llm: LLM, prompts: list[list[int]], new_tokens: int) -> tuple[float, list[list[int]]]:

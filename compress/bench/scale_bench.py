@@ -35,7 +35,7 @@ from pathlib import Path
 import click
 import torch
 
-from compress import models
+from compress import host, models
 from compress.bench.random_checkpoint import SHAPES, SHARD_BYTES, hf_config, is_complete
 
 STEPS = ("write", "hf-load", "rtn", "awq", "awq-blocks", "generate", "eval")
@@ -146,14 +146,8 @@ def bench_shape(shape: str, steps: list[str], work: Path, shard_bytes: int) -> l
 
 
 def cpu_info() -> tuple[str, list[str]]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return platform.processor() or "unknown", []
-    model = re.search(r"^model name\s*:\s*(.+)$", text, re.M)
-    flags = re.search(r"^flags\s*:\s*(.+)$", text, re.M)
-    present = set(flags.group(1).split()) if flags else set()
-    return (model.group(1).strip() if model else "unknown"), [f for f in SPEED_FLAGS if f in present]
+    present = host.cpu_flags()
+    return host.cpu_model(), [f for f in SPEED_FLAGS if f in present]
 
 
 def header(argv: list[str]) -> str:

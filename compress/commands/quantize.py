@@ -2,7 +2,7 @@
 
 import resource
 import time
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -32,7 +32,8 @@ def describe(cfg: QuantConfig, spec: Spec, stats: dict) -> str:
         kind = "static per-tensor" if spec.static_activations else "dynamic per-token"
         return f"fp8 e4m3, {kind} activations, compressed-tensors float-quantized"
     rounding = f", {cfg.rounding} rounding" if cfg.rounding else ""
-    return f"{cfg.method} int{spec.bits} g{spec.group_size}{' sym' if spec.symmetric else ''}{rounding}, {cfg.format}"
+    tuned = f", {cfg.tune_iters} tuning steps in {cfg.tune_dtype}" if cfg.tune_iters else ""
+    return f"{cfg.method} int{spec.bits} g{spec.group_size}{' sym' if spec.symmetric else ''}{rounding}{tuned}, {cfg.format}"
 
 
 def output_dtype(cfg: QuantConfig, src: Path) -> torch.dtype:
@@ -71,6 +72,11 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
         print(f"group size {spec.group_size}: {DEFAULT_GROUP_SIZES[0]} does not divide every quantized Linear's in_features")
     dtype = output_dtype(cfg, src)
     check_memory(decoder, cfg, model)
+    if cfg.tune_iters and cfg.tune_dtype is None:  # the manifest records the dtype the steps ran in
+        from compress.calib import compute_device
+        from compress.quant.block_tune import step_dtype
+
+        cfg = replace(cfg, tune_dtype=str(step_dtype(compute_device(), None)).removeprefix("torch."))
     calib = None
     if cfg.needs_calibration:
         from compress.calib import calibration_tokens

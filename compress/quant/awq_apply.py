@@ -16,7 +16,7 @@ from compress.calib import BlockDone, block_inputs, blocks, compute_device, reco
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.awq import GridSearch, ScaleResult, group_hessians, search_scale, side_by_side
-from compress.quant.block_tune import tune_block
+from compress.quant.block_tune import step_dtype, tune_block
 from compress.quant.config import QuantConfig
 from compress.quant.gptq import gptq_codes, prepare
 from compress.quant.moe_calib import RoutedTokens, all_experts
@@ -168,7 +168,8 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
         return [res for res, _ in found]
     params, codes = grids_and_codes(block, hessians, grams, spec, cfg.grid)
     if target is not None:
-        params, codes = tune_block(block, x, target, params, codes, spec, cfg.tune_iters, seed)
+        dtype = step_dtype(x.device, cfg.tune_dtype)
+        params, codes = tune_block(block, x, target, params, codes, spec, cfg.tune_iters, seed, dtype)
     quantize_block(block, spec, params, codes)
     return [res for res, _ in found]
 

@@ -12,6 +12,7 @@ FORMATS = ("compressed-tensors", "awq", "gguf")
 ROUNDINGS = ("gptq", "nearest")  # awq, fp8: how each weight is put on its grid; the first is the default
 ROUNDED_METHODS = ("awq", "fp8")  # the methods --rounding applies to
 DTYPES = ("float32", "bfloat16", "float16")  # what unquantized tensors and scales are stored as
+TUNE_DTYPES = ("float32", "bfloat16")  # awq --tune-iters: the dtype of the steps' matmuls
 
 
 @dataclass
@@ -28,6 +29,7 @@ class QuantConfig:
     grid: int = 20  # AWQ: scale exponents alpha in {0, 1/grid, ..., (grid-1)/grid}; range shrinks in steps of 1/grid
     clip_search: bool = True  # AWQ: search each group's grid (range and scale) after scaling
     tune_iters: int = 0  # awq: signed-gradient steps on each block's output after the searches (block_tune.py); 0 = none
+    tune_dtype: str | None = None  # their matmuls: "float32" or "bfloat16"; None: bf16 where the hardware has it natively
     rounding: str | None = None  # awq, fp8: "gptq" (error feedback; None means this) or "nearest" (the paper's, the old fp8)
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
@@ -76,6 +78,10 @@ class QuantConfig:
         if self.tune_iters and (self.method != "awq" or self.format == "gguf"):
             raise UserError(f"--tune-iters applies to --method awq in the compressed-tensors and awq formats, "
                             f"not --method {self.method} --format {self.format}")
+        if self.tune_dtype is not None and self.tune_dtype not in TUNE_DTYPES:
+            raise UserError(f"--tune-dtype {self.tune_dtype} is not one of {', '.join(TUNE_DTYPES)}")
+        if self.tune_dtype is not None and not self.tune_iters:
+            raise UserError("--tune-dtype sets the dtype of --tune-iters' steps: give --tune-iters N too, or drop it")
         self._check_int8_fp8()
         self._check_gguf()
 

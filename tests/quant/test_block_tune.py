@@ -11,7 +11,8 @@ from compress.errors import UserError
 from compress.model.config import ModelConfig
 from compress.model.load import build, load_weights
 from compress.quant.apply import quantize
-from compress.quant.block_tune import Rounding, batches, tune_block
+from compress import host
+from compress.quant.block_tune import Rounding, batches, step_dtype, tune_block
 from compress.quant.config import QuantConfig
 from compress.quant.linear import PackedLinear
 from compress.quant.primitives import IntSpec, dequantize, qparams
@@ -32,8 +33,36 @@ def test_a_zero_offset_gives_back_the_codes_it_started_from():
     r = Rounding.start(w, scale, zero, codes, SPEC)
     offset = torch.zeros(w.shape)
     assert torch.equal(r.codes(offset).flatten(1).to(torch.uint8), codes)
-    assert torch.equal(r.weight(offset), dequantize(codes, scale, zero, SPEC.group_size))
+    assert torch.equal(r.weight(offset)[0], dequantize(codes, scale, zero, SPEC.group_size))
     assert torch.equal(r.codes(torch.full(w.shape, 0.49)).flatten(1) - codes, (r.codes(torch.full(w.shape, 0.49)).flatten(1) - codes).clamp(0, 1))
+
+
+def test_the_step_is_the_sign_of_the_straight_through_gradient():
+    """descend differentiates the block in the dequantized weight; straight through the rounding, the offset's own
+    gradient has the same sign where the clamp lets the code move, and is zero where it holds it."""
+    gen = torch.Generator().manual_seed(5)
+    w, x = torch.randn(24, 64, generator=gen), torch.randn(10, 64, generator=gen)
+    scale, zero = qparams(w, SPEC)
+    codes = (round_codes(w, scale, zero, SPEC).int() + torch.randint(-2, 3, w.shape, generator=gen)).clamp(0, SPEC.qmax)
+    r = Rounding.start(w, scale, zero, codes.to(torch.uint8), SPEC)
+    offset = (torch.rand(w.shape, generator=gen) - 0.5).requires_grad_(True)
+    u = r.w + offset.view_as(r.w)
+    q = (u + (torch.round(u) - u).detach() + r.base).clamp(0, SPEC.qmax)  # straight-through rounding
+    ((x @ ((q - zero[..., None]) * scale[..., None]).flatten(1).T).sin().sum()).backward()
+    weight, moves = r.weight(offset.detach())
+    weight.requires_grad_(True)
+    (x @ weight.T).sin().sum().backward()
+    assert 0 < moves.float().mean() < 1  # some codes sit outside [0, qmax] before the clamp
+    assert torch.equal(offset.grad.sign(), weight.grad.sign() * moves)
+
+
+def test_the_steps_run_in_bf16_where_the_cpu_multiplies_it_natively(monkeypatch):
+    cpu = torch.device("cpu")
+    assert step_dtype(cpu, "float32") == torch.float32 and step_dtype(cpu, "bfloat16") == torch.bfloat16
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "avx512f", "avx512_bf16"})
+    assert step_dtype(cpu, None) == torch.bfloat16
+    monkeypatch.setattr(host, "cpu_flags", lambda: {"avx2", "fma"})
+    assert step_dtype(cpu, None) == torch.float32
 
 
 def test_batches_are_seeded_permutations_of_the_rows():
@@ -60,11 +89,12 @@ def block_error(block, x, target) -> float:
         return (block(x) - target).pow(2).mean().item()
 
 
-def test_tuning_moves_codes_one_step_at_most_and_fits_the_block_output():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_tuning_moves_codes_one_step_at_most_and_fits_the_block_output(dtype):
     block, x, target = block_and_inputs()
     params = {name: qparams(block.get_submodule(name).weight, SPEC) for name in block.linears}
     start = {name: round_codes(block.get_submodule(name).weight, *params[name], SPEC) for name in block.linears}
-    tuned_params, codes = tune_block(block, x, target, params, start, SPEC, iters=60, seed=0)
+    tuned_params, codes = tune_block(block, x, target, params, start, SPEC, iters=60, seed=0, dtype=dtype)
     assert all(torch.equal(tuned_params[n][0], params[n][0]) for n in params)  # the grids stay
     steps = torch.cat([(codes[n].int() - start[n].int()).flatten() for n in start])
     assert steps.abs().max() == 1 and (steps != 0).float().mean() > 0.01
@@ -81,7 +111,7 @@ def test_quantize_with_tuning_fits_the_model_output_better_than_awq_alone():
     cfg = dict(method="awq", bits=3, group_size=32, search_sequences=4, search_tokens=256)
     awq, tuned = planted_model(), planted_model()
     quantize(awq, QuantConfig(**cfg), calib=calib)
-    quantize(tuned, QuantConfig(**cfg, tune_iters=40), calib=calib)
+    quantize(tuned, QuantConfig(**cfg, tune_iters=40, tune_dtype="float32"), calib=calib)
     assert output_mse(tuned, ref, calib) < 0.9 * output_mse(awq, ref, calib)
 
 
@@ -89,6 +119,8 @@ def test_quantize_with_tuning_fits_the_model_output_better_than_awq_alone():
     (dict(method="rtn", tune_iters=10), "applies to --method awq"),
     (dict(method="awq", format="gguf", tune_iters=10), "applies to --method awq"),
     (dict(method="awq", tune_iters=-1), "must be >= 0"),
+    (dict(method="awq", tune_dtype="bfloat16"), "give --tune-iters N too"),
+    (dict(method="awq", tune_iters=10, tune_dtype="float16"), "is not one of float32, bfloat16"),
 ])
 def test_tune_iters_outside_awq_is_refused(kw, words):
     with pytest.raises(UserError, match=words):
