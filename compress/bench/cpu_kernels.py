@@ -33,11 +33,11 @@ import argparse
 import platform
 import random
 import time
-from pathlib import Path
 
 import torch
 from torch import nn
 
+from compress.host import cpu_model
 from compress.kernels import cpu_build, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu
 from compress.model.config import ModelConfig
 from compress.model.attention import AttentionSpec
@@ -63,13 +63,10 @@ LETTERS = {C: "C", TORCH: "t", PANEL: "p"}  # the choice in a table cell
 
 def host() -> str:
     """The CPU (model name, vector extensions), threads, torch, and the C kernels' build and vector width."""
-    cpuinfo = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
-             if line.startswith("model name")] if cpuinfo.exists() else []
     flags = cpu_build.machine().split()
     simd = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile", "asimd", "sve") if f in flags]
     build = " ".join(["-march=native", *cpu_build.ISAS[cpu_build.isa()]])
-    return (f"host: {platform.machine()}, {names[0] if names else platform.processor() or 'CPU'}; "
+    return (f"host: {platform.machine()}, {cpu_model()}; "
             f"{' '.join(simd) or 'no wide vectors'}; {torch.get_num_threads()} threads; torch {torch.__version__}; "
             f"C kernels {build} (COMPRESS_CPU_ISA={cpu_build.isa()}), {linear_cpu.load().vector_width()}-float vectors, "
             f"int8 dot product {nibble_q8_cpu.isa()}")
