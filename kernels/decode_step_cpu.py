@@ -39,16 +39,26 @@ typedef void (*rope_fn)(const float *, const float *, const float *, float *, in
 typedef int (*attn_fn)(const float *, const float *, const float *, const int32_t *, const int32_t *, float *,
                        int, int, int, int, int, int, float, int, float, int);
 
-/* act[r] = silu(gu[r, :m]) * gu[r, m:] */
+static inline float silu1(float g) {
+    const float e = exp_neg(-fabsf(g));  /* e^-|g| */
+    return g * (g >= 0.f ? 1.f / (1.f + e) : e / (1.f + e));
+}
+
+/* act[r] = silu(gu[r, :m]) * gu[r, m:], a vector at a time (one float at a time it was ~5 % of a SmolLM2 decode step,
+   run while the other threads wait) */
 static void silu_mul(const float *gu, float *act, int rows, int m) {
+    const vi32 magnitude = (vi32){0} + 0x7fffffff;
     for (int r = 0; r < rows; r++) {
         const float *g = gu + (size_t)r * 2 * m, *u = g + m;
         float *a = act + (size_t)r * m;
-        for (int j = 0; j < m; j++) {
-            float e = exp_neg(-fabsf(g[j]));  /* e^-|g| */
-            float sig = g[j] >= 0.f ? 1.f / (1.f + e) : e / (1.f + e);
-            a[j] = g[j] * sig * u[j];
+        int j = 0;
+        for (; j + VW <= m; j += VW) {
+            const vf x = *(const vfu *)(g + j), e = exp_neg_v((vf)(((vi32)x & magnitude) ^ ~magnitude));  /* -|x| */
+            const vf inv = 1.f / (1.f + e), below = e * inv;
+            const vi32 pos = x >= 0.f;
+            *(vfu *)(a + j) = x * (vf)(((vi32)inv & pos) | ((vi32)below & ~pos)) * *(const vfu *)(u + j);
         }
+        for (; j < m; j++) a[j] = silu1(g[j]) * u[j];
     }
 }
 

@@ -257,8 +257,8 @@ def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None)
     return call(load(), x, packed, bias, "its dequantized weight block")
 
 
-def call(lib, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None, buffer: str) -> torch.Tensor:
-    """y [..., O] from ``lib.linear`` over packed nibbles (this kernel's, or ``nibble_q8_cpu``'s with the
+def call(lib, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None, buffer: str, entry: str = "linear") -> torch.Tensor:
+    """y [..., O] from ``lib.<entry>`` over packed nibbles (this kernel's, or ``nibble_q8_cpu``'s with the
     same signature); ``buffer`` names what the C code allocates, for the error when it cannot."""
     codes, scales, offsets = packed
     out_features, half = codes.shape
@@ -266,8 +266,9 @@ def call(lib, x: torch.Tensor, packed: Packed, bias: torch.Tensor | None, buffer
     y = torch.empty(x.shape[:-1] + (out_features,), dtype=torch.float32)  # [..., O]
     rows = x.numel() // (2 * half)
     if rows and out_features:
-        failed = cpu_build.require(lib).linear(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
-                                               y.data_ptr(), rows, out_features, 2 * half, scales.shape[1], torch.get_num_threads())
+        failed = getattr(cpu_build.require(lib), entry)(x.data_ptr(), codes.data_ptr(), scales.data_ptr(), offsets.data_ptr(),
+                                                        y.data_ptr(), rows, out_features, 2 * half, scales.shape[1],
+                                                        torch.get_num_threads())
         if failed:
             raise MemoryError(f"the {out_features}x{2 * half} 4-bit CPU kernel could not allocate {buffer}")
     if bias is not None:

@@ -32,11 +32,14 @@ from compress.kernels import cpu_build
 from compress.kernels.nibble_linear_cpu import Packed, call, check
 
 BLOCK = 64  # inputs per 32-byte load of codes (x's int8 scales are per 32 of them)
+# How a packed weight holds its scales and offsets (``form``) -> the C entry that reads it
+ENTRIES = {"fp32": "linear", "fp16": "linear_f16", "fp16 symmetric": "linear_sym"}
 
 SOURCE = r"""
 #include <stdlib.h>
+#include <string.h>
 #include <math.h>
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 #define HAVE_Q8 1
 #else
@@ -61,6 +64,12 @@ int available(void) { return HAVE_Q8; }
 #endif
 #define QPF 16  /* W's rows prefetched this far ahead (nibble_linear_cpu's PF): 1.2-1.6x at 1-4 rows */
 #define QRM 4
+/* How a weight's scales and offsets are held (``compact``): F32 both fp32; F16 both fp16 (a GGUF's Q4_1, whose d and
+   m are fp16); SYM fp16 scales and no offsets, w = s (q - 8) (Q4_0). At g32 a row of W reads 6 bits a weight as F32,
+   5.5 as F16 and 4.5 as SYM (llama.cpp's Q4_0 bytes). */
+#define F32 0
+#define F16 1
+#define SYM 2
 
 /* 0 none, 1 AVX2 maddubs, 2 AVX-VNNI, 3 AVX512-VNNI: what this build's integer dot product is. */
 int dot_isa(void) { return ISA; }
@@ -69,25 +78,34 @@ int dot_isa(void) { return ISA; }
    d [I/64 * 8] (per block of 64: lanes 0-3 the step of its inputs 0-31, lanes 4-7 of 32-63, as the dot
    product's lanes are laid out) and sums [G]: the sums over each group of gs inputs of x as rounded. */
 static void quantize_row(const float *x, signed char *xi, float *d, float *sums, int I, int G, int gs) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
     for (int g = 0; g < G; g++) sums[g] = 0.f;
-    for (int c = 0; c < I / 32; c++) {
-        const float *xc = x + 32 * c;
-        float amax = 0.f;
-        for (int k = 0; k < 32; k++) {  /* a compare, not fmaxf: that was a libm call per input (its NaN rule) */
-            const float a = fabsf(xc[k]);
-            amax = a > amax ? a : amax;
+    for (int c = 0; c < I / 32; c++) {  /* vectors: one float at a time this was ~1.5 % of a decode step, run alone */
+        __m256 v[4], top = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(x + 32 * c + 8 * k);
+            top = _mm256_max_ps(top, _mm256_and_ps(v[k], magnitude));
         }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
         const float step = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
         for (int l = 0; l < 4; l++) d[(c / 2) * 8 + (c % 2) * 4 + l] = step;
-        /* chunk c of its block: low nibbles at bytes 16 (c % 2) + j, high ones 32 further */
+        __m256i q[4];  /* round to nearest even, as lrintf */
+        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(inv)));
+        /* packs work within 128-bit lanes: permute back to input order; |q| <= 127, nothing saturates */
+        const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);  /* inputs 0-15, int16 */
+        const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);  /* inputs 16-31 */
+        const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(lo, hi), 0xD8);   /* 0-15 | 16-31 */
+        /* chunk c of its block: low nibbles' inputs at bytes 16 (c % 2) + j, high ones' 32 further */
         signed char *o = xi + 64 * (c / 2) + 16 * (c % 2);
-        int total = 0;
-        for (int j = 0; j < 16; j++) {
-            o[j] = (signed char)lrintf(xc[j] * inv);
-            o[32 + j] = (signed char)lrintf(xc[16 + j] * inv);
-            total += o[j] + o[32 + j];
-        }
-        sums[c * 32 / gs] += step * (float)total;
+        _mm_storeu_si128((__m128i *)o, _mm256_castsi256_si128(bytes));
+        _mm_storeu_si128((__m128i *)(o + 32), _mm256_extracti128_si256(bytes, 1));
+        const __m256i t = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        sums[c * 32 / gs] += step * (float)_mm_cvtsi128_si32(s4);
     }
 }
 
@@ -103,10 +121,38 @@ static inline __m256i block_dot(__m256i lo, __m256i hi, const signed char *xi) {
 #endif
 }
 
+/* Row n's scales of groups g (lanes 0-3) and g + 1 (lanes 4-7) at gs 32, else of group g in every lane. */
+static inline __attribute__((always_inline)) __m256 scale_vector(const void *sc, size_t at, int gs, const int fmt) {
+    if (fmt == F32) {
+        const float *s = (const float *)sc + at;
+        return gs == 32 ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[0])), _mm_set1_ps(s[1]), 1)
+                        : _mm256_set1_ps(s[0]);
+    }
+    const unsigned short *h = (const unsigned short *)sc + at;
+    if (gs != 32) return _mm256_set1_ps(_cvtsh_ss(h[0]));
+    int two;
+    memcpy(&two, h, sizeof two);
+    const __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(two));
+    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+}
+
+/* 8 of row n's offsets from group at (fp32 or fp16; SYM: -8 times the scales) */
+static inline __attribute__((always_inline)) __m256 offsets8(const void *sc, const void *of, size_t at, const int fmt) {
+    if (fmt == F32) return _mm256_loadu_ps((const float *)of + at);
+    const void *src = fmt == SYM ? (const unsigned short *)sc + at : (const unsigned short *)of + at;
+    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
+    return fmt == SYM ? _mm256_mul_ps(v, _mm256_set1_ps(-8.f)) : v;
+}
+
+static inline float offset1(const void *sc, const void *of, size_t at, const int fmt) {
+    if (fmt == F32) return ((const float *)of)[at];
+    return fmt == SYM ? -8.f * _cvtsh_ss(((const unsigned short *)sc)[at]) : _cvtsh_ss(((const unsigned short *)of)[at]);
+}
+
 /* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc/of; rows of y ys apart. */
 static inline __attribute__((always_inline)) void qtile(const signed char *xi, const float *d, const float *sums,
-        const unsigned char *q, const float *sc, const float *of, float *y, int I, int G, int gs, int ys,
-        const int rm, const int rn) {
+        const unsigned char *q, const void *sc, const void *of, float *y, int I, int G, int gs, int ys,
+        const int rm, const int rn, const int fmt) {
     __m256 acc[QRM][4];
     const __m256i low = _mm256_set1_epi8(15);
     const int P = I / 64;
@@ -120,9 +166,7 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + (size_t)n * (I / 2) + 32 * b));
             const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             /* groups of 32 (llama.cpp's Q4_0/Q4_1 blocks): lanes 0-3 hold inputs of group 2b, lanes 4-7 of 2b + 1 */
-            const float *s = sc + (size_t)n * G + g;
-            const __m256 sv = gs == 32 ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[0])), _mm_set1_ps(s[1]), 1)
-                                       : _mm256_set1_ps(s[0]);
+            const __m256 sv = scale_vector(sc, (size_t)n * G + g, gs, fmt);
             for (int r = 0; r < rm; r++) {
                 const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(block_dot(lo, hi, xi + (size_t)r * I + 64 * b)),
                                                  _mm256_loadu_ps(d + ((size_t)r * P + b) * 8));
@@ -136,27 +180,29 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
         for (int n = 0; n < rn; n++) {
             __m256 a = acc[r][n];
             for (int g = 0; g < G8; g += 8)
-                a = _mm256_fmadd_ps(_mm256_loadu_ps(of + (size_t)n * G + g), _mm256_loadu_ps(sums + (size_t)r * G + g), a);
+                a = _mm256_fmadd_ps(offsets8(sc, of, (size_t)n * G + g, fmt), _mm256_loadu_ps(sums + (size_t)r * G + g), a);
             const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
             const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
             float out = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
-            for (int g = G8; g < G; g++) out += of[(size_t)n * G + g] * sums[(size_t)r * G + g];
+            for (int g = G8; g < G; g++) out += offset1(sc, of, (size_t)n * G + g, fmt) * sums[(size_t)r * G + g];
             y[(size_t)r * ys + n] = out;
         }
 }
 
-#define QCASE(a, b) case a * 8 + b: if (a <= QRM && (b <= QRN || a == 1)) qtile(xi, d, sums, q, sc, of, y, I, G, gs, ys, a, b); break;
-#define QCASES(a) QCASE(a, 1) QCASE(a, 2) QCASE(a, 3) QCASE(a, 4)
-static void any_qtile(const signed char *xi, const float *d, const float *sums, const unsigned char *q, const float *sc,
-                      const float *of, float *y, int I, int G, int gs, int ys, int rm, int rn) {
-    switch (rm * 8 + rn) { QCASES(1) QCASES(2) QCASES(3) QCASES(4) }
+#define QCASE(f, a, b) case (f * 8 + a) * 8 + b: \
+    if (a <= QRM && (b <= QRN || a == 1)) qtile(xi, d, sums, q, sc, of, y, I, G, gs, ys, a, b, f); break;
+#define QCASES(f, a) QCASE(f, a, 1) QCASE(f, a, 2) QCASE(f, a, 3) QCASE(f, a, 4)
+#define QFORM(f) QCASES(f, 1) QCASES(f, 2) QCASES(f, 3) QCASES(f, 4)
+static void any_qtile(const signed char *xi, const float *d, const float *sums, const unsigned char *q, const void *sc,
+                      const void *of, float *y, int I, int G, int gs, int ys, int rm, int rn, int fmt) {
+    switch ((fmt * 8 + rm) * 8 + rn) { QFORM(F32) QFORM(F16) QFORM(SYM) }
 }
 
 /* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 32; 1 where a buffer could not be allocated. */
-int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
-           int M, int O, int I, int G, int threads) {
+static int run(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
+               int M, int O, int I, int G, int threads, int fmt) {
     /* one row of x (decode) leaves registers for 4 rows of W a tile on AVX2 too */
-    const int rnm = M == 1 ? 4 : QRN, gs = I / G, P = I / 64, blocks = (O + rnm - 1) / rnm;
+    const int rnm = M == 1 ? 4 : QRN, gs = I / G, P = I / 64, blocks = (O + rnm - 1) / rnm, es = fmt == F32 ? 4 : 2;
     signed char *xi = malloc((size_t)M * I);
     float *d = malloc(sizeof(float) * ((size_t)M * P * 8 + (size_t)M * G));
     if (!xi || !d) { free(xi); free(d); return 1; }
@@ -171,17 +217,30 @@ int linear(const float *x, const unsigned char *q, const float *sc, const float 
         for (int m = 0; m < M; m += QRM)
             for (int o = o0; o < o1; o += rnm)
                 any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)o * (I / 2),
-                          sc + (size_t)o * G, of + (size_t)o * G, y + (size_t)m * O + o, I, G, gs, O,
-                          M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm);
+                          (const char *)sc + (size_t)o * G * es, fmt == SYM ? of : (const char *)of + (size_t)o * G * es,
+                          y + (size_t)m * O + o, I, G, gs, O,
+                          M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm, fmt);
     }
     free(xi);
     free(d);
     return 0;
 }
+
+/* One entry per form, in the 4-bit kernels' calling convention (the decode step's table takes any of them). */
+int linear(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I, int G,
+           int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, F32); }
+int linear_f16(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I,
+               int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, F16); }
+int linear_sym(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I,
+               int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, SYM); }
 #else
 int dot_isa(void) { return 0; }
-int linear(const float *x, const unsigned char *q, const float *sc, const float *of, float *y,
+int linear(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
            int M, int O, int I, int G, int threads) { return 2; }
+int linear_f16(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
+               int M, int O, int I, int G, int threads) { return 2; }
+int linear_sym(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
+               int M, int O, int I, int G, int threads) { return 2; }
 #endif
 """
 
@@ -190,7 +249,7 @@ int linear(const float *x, const unsigned char *q, const float *sc, const float 
 def load() -> ctypes.CDLL | None:
     """The compiled kernel, or None where it cannot be built or the CPU has no integer dot product for it."""
     lib = cpu_build.load("nibble_q8", SOURCE, {
-        "linear": ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int),
+        **{name: ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 5, ctypes.c_int) for name in ENTRIES.values()},
         "available": ([], ctypes.c_int),
         "dot_isa": ([], ctypes.c_int),
     })
@@ -212,9 +271,55 @@ def supports(scale: torch.Tensor, in_features: int) -> bool:
             and load() is not None)
 
 
+def form(packed: Packed) -> str:
+    """How packed holds its scales and offsets: "fp32" (``pack``), or as ``compact`` makes them "fp16" or
+    "fp16 symmetric" (no offsets: w = s (q - 8))."""
+    if packed[1].dtype == torch.float32:
+        return "fp32"
+    return "fp16" if packed[2].numel() else "fp16 symmetric"
+
+
+def compact(packed: Packed) -> Packed:
+    """packed with fp16 scales, and fp16 offsets or none where every group's is -8 times its scale (llama.cpp's Q4_0,
+    w = d (q - 8)), where fp16 holds every value exactly (a GGUF's Q4_0 / Q4_1, whose d and m are fp16); else packed
+    as it is. Why: at g32 fp32 scales and offsets are a third of the bytes a decode step reads (6 bits a weight,
+    4.5 as Q4_0). A group whose offset is -7 times its scale (a Q4_0 block with d < 0, read as s = -d, codes 15 - q
+    and zero point 7) is mirrored back: s (q' - 7) = (-s) ((15 - q') - 8), exactly."""
+    codes, scales, offsets = packed
+    half = scales.half()
+    if scales.dtype != torch.float32 or not torch.equal(half.float(), scales):
+        return packed
+    mirror = offsets == -7 * scales  # [O, G]
+    if bool((mirror | (offsets == -8 * scales)).all()):
+        groups = codes.view(codes.shape[0], scales.shape[1], -1)  # [O, G, group / 2]: a group's nibbles are contiguous
+        codes = torch.where(mirror[..., None], groups ^ 0xFF, groups).view(codes.shape)  # 15 - q in both nibbles
+        return codes, torch.where(mirror, -scales, scales).half(), torch.empty((offsets.shape[0], 0), dtype=torch.float16)
+    low = offsets.half()
+    return (codes, half, low) if torch.equal(low.float(), offsets) else packed
+
+
+def expanded(packed: Packed) -> Packed:
+    """packed with fp32 scales and offsets, as ``pack`` gives them (what the fp32 and panel kernels read)."""
+    codes, scales, offsets = packed
+    if scales.dtype == torch.float32:
+        return packed
+    wide = scales.float()
+    return codes, wide, offsets.float() if offsets.numel() else -8 * wide
+
+
+def check_form(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
+    """``check`` for any of the forms: fp16 scales with fp16 offsets of their shape, or with none ([O, 0])."""
+    codes, scales, offsets = packed
+    if scales.dtype == torch.float16 and (offsets.dtype != torch.float16 or offsets.shape not in (scales.shape, (scales.shape[0], 0))):
+        raise ValueError(f"fp16 scales {list(scales.shape)} need fp16 offsets of their shape or [O, 0], "
+                         f"got {offsets.dtype} {list(offsets.shape)}: use compact()")
+    check(x, expanded(packed), bias)
+
+
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32."""
-    check(x, packed, bias)
+    """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32;
+    packed as ``pack`` or ``compact`` gives it."""
+    check_form(x, packed, bias)
     in_features, groups = 2 * packed[0].shape[1], packed[1].shape[1]
     if not supports(packed[1], in_features):
         raise ValueError(f"the int8-activation kernel needs AVX2, in_features ({in_features}) a multiple of {BLOCK} and "
@@ -224,4 +329,4 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
 
 def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``linear`` without its checks, for a caller that made sure once that they pass (the runtime's Linears)."""
-    return call(load(), x, packed, bias, "x's int8 copy")
+    return call(load(), x, packed, bias, "x's int8 copy", ENTRIES[form(packed)])

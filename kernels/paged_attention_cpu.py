@@ -35,6 +35,25 @@ static inline float exp_neg(float x) {
     u.i += n << 23;
     return u.f;
 }
+
+/* exp_neg over a vector: GCC leaves exp_neg's clamp a branch in a loop (without -ffinite-math-only), so a loop over it
+   runs one float at a time. */
+typedef int32_t vi32 __attribute__((vector_size(VW * 4)));
+static inline vf exp_neg_v(vf x) {
+    const vf low = (vf){0} - 87.f;
+    const vi32 below = x < low;
+    const vf z = (vf)(((vi32)x & ~below) | ((vi32)low & below)) * 1.44269504f;
+    const vi32 n = __builtin_convertvector(z - 0.5f, vi32);
+    const vf f = (z - __builtin_convertvector(n, vf)) * 0.69314718f;
+    vf p = (vf){0} + 1.3888889e-3f;
+    p = p * f + 8.3333333e-3f;
+    p = p * f + 4.1666667e-2f;
+    p = p * f + 1.6666667e-1f;
+    p = p * f + 0.5f;
+    p = p * f + 1.f;
+    p = p * f + 1.f;
+    return (vf)((vi32)p + (n << 23));
+}
 """
 
 SOURCE = EXP_NEG + r"""
@@ -80,8 +99,16 @@ static inline __attribute__((always_inline)) void attend(
         if (cap > 0.f) soft_cap(row, m, cap);
         mx = row[0];
         for (int i = 1; i < m; i++) mx = row[i] > mx ? row[i] : mx;
-        for (int i = 0; i < m; i++) { row[i] = exp_neg(row[i] - mx); sum += row[i]; }
-        for (int i = 0; i < m; i++) row[i] /= sum;
+        vf part = (vf){0};
+        int i = 0;
+        for (; i + VW <= m; i += VW) {
+            const vf e = exp_neg_v(*(vfu *)(row + i) - mx);
+            *(vfu *)(row + i) = e;
+            part += e;
+        }
+        sum = hsum(part);
+        for (; i < m; i++) { row[i] = exp_neg(row[i] - mx); sum += row[i]; }
+        for (i = 0; i < m; i++) row[i] /= sum;
     }
     memset(out + h0 * D, 0, sizeof(float) * (h1 - h0) * D);
     for (int t = t0; t < n; t++) {

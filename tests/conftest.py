@@ -72,21 +72,31 @@ def tiny_dir(tmp_path_factory, smollm2_dir) -> Path:
     return save_hf(model, tmp_path_factory.mktemp("tiny") / "model", smollm2_dir)
 
 
+def gguf_and_reading(root: Path, smollm2_dir: Path, gguf_type: str, **shape) -> tuple[Path, Path]:
+    """(a GGUF of gguf_type by RTN from a 2-layer random Llama of this shape, its reading keeping the codes)."""
+    from compress.commands.quantize_gguf import run_quantize_gguf
+    from compress.gguf import reader
+    from compress.quant.config import QuantConfig
+
+    src = save_hf(tiny_hf("llama", vocab=49152, **shape), root / "src", smollm2_dir)
+    path = run_quantize_gguf(str(src), QuantConfig(method="rtn", format="gguf", gguf_type=gguf_type), str(root / "m.gguf"))
+    (root / "read").mkdir()
+    reader.convert(Path(path), root / "read")
+    return Path(path), root / "read"
+
+
 @pytest.fixture(scope="session")
 def q4_k_m_gguf(tmp_path_factory, smollm2_dir) -> tuple[Path, Path]:
     """(a Q4_K_M GGUF of a 2-layer random Llama, its reading keeping the codes): hidden 288 is no multiple of Q4_K's
     256, so q/k/v/o/gate/up fall back to Q5_0 and layer 1's attn_v to Q8_0 (llama.cpp's rule); ffn_down (512 inputs)
     is Q4_K in layer 0 and Q6_K in layer 1: every type a Q4_K_M file holds."""
-    from compress.commands.quantize_gguf import run_quantize_gguf
-    from compress.gguf import reader
-    from compress.quant.config import QuantConfig
+    return gguf_and_reading(tmp_path_factory.mktemp("q4_k_m"), smollm2_dir, "Q4_K_M", hidden_size=288, intermediate_size=512)
 
-    root = tmp_path_factory.mktemp("q4_k_m")
-    src = save_hf(tiny_hf("llama", vocab=49152, hidden_size=288, intermediate_size=512), root / "src", smollm2_dir)
-    path = run_quantize_gguf(str(src), QuantConfig(method="rtn", format="gguf", gguf_type="Q4_K_M"), str(root / "m.gguf"))
-    (root / "read").mkdir()
-    reader.convert(Path(path), root / "read")
-    return Path(path), root / "read"
+
+@pytest.fixture(scope="session")
+def q4_0_gguf(tmp_path_factory, smollm2_dir) -> tuple[Path, Path]:
+    """(a Q4_0 GGUF of a 2-layer random Llama, its reading keeping the codes): every Linear Q4_0."""
+    return gguf_and_reading(tmp_path_factory.mktemp("q4_0"), smollm2_dir, "Q4_0")
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ instead of 7.3 at one thread (int8 activations, docs/results/speed.md). The join
 parts' rows in order, so ``split`` / ``chunk`` of its output gives the parts' outputs exactly.
 
 Only swapped Linears of one kind join (all CpuLinear, or all NibbleLinear / ByteLinear with the same group
-size and activations: a GGUF's Q5_0 q/k with a Q8_0 v are one ByteLinear); anything else (a Linear left to torch, a dequantized PackedLinear) stays as it is.
+size, activations and form of scales: a GGUF's Q5_0 q/k with a Q8_0 v are one ByteLinear); anything else (a Linear left to torch, a dequantized PackedLinear) stays as it is.
 """
 
 import torch
@@ -34,7 +34,7 @@ def joinable(parts: list[nn.Module]) -> bool:
     if not same or not isinstance(first, (CpuLinear, NibbleLinear, ByteLinear)):
         return False
     return isinstance(first, CpuLinear) or all(
-        (p.group_size, p.int8_activations) == (first.group_size, first.int8_activations) for p in parts)
+        (p.group_size, p.int8_activations, p.form) == (first.group_size, first.int8_activations, first.form) for p in parts)
 
 
 def joined(parts: list[nn.Module]) -> nn.Module:

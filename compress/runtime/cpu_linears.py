@@ -13,7 +13,9 @@ Memory each holds:
   one buffer serves every held Linear, as large as the largest dense weight among those whose plan
   runs torch at some row count, allocated at the first such call.
 - int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
-  path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``).
+  path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``). Where fp16 holds them exactly (a
+  GGUF's Q4_0 and Q4_1) its scales and offsets are kept in fp16, and a Q4_0's offsets (-8 times the scales) not at
+  all: 4.5 bits a weight at g32 instead of 6 (``nibble_q8_cpu.compact``).
 - a GGUF read keeping its codes (``GgufLinear``): its 4-bit types (Q4_0, Q4_1, Q4_K) as NibbleLinears with their
   offsets; its 5-, 6- and 8-bit ones (Q5_0, Q6_K, Q8_0) as ``ByteLinear``: ggml's signed codes a byte each and an
   fp32 scale per group of 16 or 32 (``kernels/byte_q8_cpu.py``, int8 activations as llama.cpp); with activation
@@ -82,6 +84,7 @@ def op_of(m: nn.Module) -> str:
     """What a swapped Linear runs, as kernel_choice keys its timings: its shape and kind."""
     if isinstance(m, NibbleLinear):
         kind = f" 4-bit g{m.group_size}" + (" int8 activations" if m.int8_activations else "")
+        kind += "" if m.form == "fp32" else f" {m.form} scales"
     elif isinstance(m, ByteLinear):
         kind = f" 8-bit codes g{m.group_size} int8 activations"
     else:

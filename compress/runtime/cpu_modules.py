@@ -82,6 +82,11 @@ class HeldLinear(nn.Module):
     def packed(self) -> tuple:
         return tuple(getattr(self, name) for name in self.names)
 
+    @property
+    def form(self) -> str:
+        """How the scales are held (``nibble_q8_cpu.form``): fp32 but in a compact NibbleLinear."""
+        return "fp32"
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if use_at(self.use_c, rows):
@@ -94,12 +99,16 @@ class HeldLinear(nn.Module):
 
 class NibbleLinear(HeldLinear):
     """An int4/int3 PackedLinear held as nibbles (``nibble_linear_cpu.pack``); with ``int8_activations`` its C
-    path rounds x to int8 per block of 32 and takes integer dot products (``nibble_q8_cpu``)."""
+    path rounds x to int8 per block of 32 and takes integer dot products (``nibble_q8_cpu``), and its scales and
+    offsets are held in fp16 (or none) where that is exact (``nibble_q8_cpu.compact``; the other paths widen them
+    per call)."""
 
-    NAMES = ("codes", "scales", "offsets")  # [O, I/2] uint8, [O, G] fp32, [O, G] fp32
+    NAMES = ("codes", "scales", "offsets")  # [O, I/2] uint8, [O, G] fp32 or fp16, [O, G] fp32 or fp16 or [O, 0]
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch, int8_activations: bool = False):
         """packed: ``nibble_linear_cpu.pack``'s tensors by NAMES (several weights' rows may be joined, cpu_fusion.py)."""
+        if int8_activations:
+            packed = dict(zip(self.NAMES, nibble_q8_cpu.compact(tuple(packed[name] for name in self.NAMES))))
         super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
         self.int8_activations = int8_activations
 
@@ -114,12 +123,16 @@ class NibbleLinear(HeldLinear):
         return self.in_features // self.scales.shape[1]
 
     @property
+    def form(self) -> str:
+        return nibble_q8_cpu.form(self.packed)
+
+    @property
     def kernel(self) -> Callable:
         return nibble_q8_cpu.unchecked if self.int8_activations else nibble_linear_cpu.unchecked
 
     @property
     def panel(self) -> Callable:
-        return nibble_panel_cpu.unchecked
+        return lambda x, packed, bias=None: nibble_panel_cpu.unchecked(x, nibble_q8_cpu.expanded(packed), bias)
 
     @property
     def panel_ready(self) -> bool:
@@ -127,7 +140,7 @@ class NibbleLinear(HeldLinear):
 
     @property
     def dequantize(self) -> Callable:
-        return nibble_linear_cpu.dequantize
+        return lambda packed, out=None: nibble_linear_cpu.dequantize(nibble_q8_cpu.expanded(packed), out)
 
 
 class ByteLinear(HeldLinear):

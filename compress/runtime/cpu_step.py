@@ -66,7 +66,9 @@ def gemm(m: nn.Module) -> int:
     """The address of a held Linear's C GEMM, in the 4-bit kernels' calling convention."""
     if isinstance(m, ByteLinear):
         return decode_step_cpu.address(byte_q8_cpu.load(), "step_linear")
-    return decode_step_cpu.address((nibble_q8_cpu if m.int8_activations else nibble_linear_cpu).load(), "linear")
+    if m.int8_activations:
+        return decode_step_cpu.address(nibble_q8_cpu.load(), nibble_q8_cpu.ENTRIES[m.form])
+    return decode_step_cpu.address(nibble_linear_cpu.load(), "linear")
 
 
 class DecodeStep:

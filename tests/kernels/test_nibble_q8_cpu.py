@@ -57,3 +57,47 @@ def test_shapes_it_cannot_run_are_refused():
         kernel.linear(torch.randn(1, 96), packed)
     codes, scale, zero = random_weight(8, 192, 96, 4, seed=0)  # groups of 96 straddle the loads
     assert not kernel.supports(nibbles.pack(codes, scale, zero)[1], 192)
+
+
+def fp16_exact(scale: torch.Tensor) -> torch.Tensor:
+    return scale.half().float()
+
+
+@needs_kernel
+@pytest.mark.parametrize("zeros, form", [((8,), "fp16 symmetric"), ((7, 8), "fp16 symmetric"), ((), "fp16")])
+@pytest.mark.parametrize("group", [32, 64])
+def test_compact_forms_hold_the_same_weight_and_products(isa, zeros, form, group):
+    codes, scale, _ = random_weight(29, 256, group, 4, seed=len(zeros))
+    scale = fp16_exact(scale)
+    if zeros:  # Q4_0: zero point 8, or 7 where a block's d < 0 was read as -d with mirrored codes
+        pick = torch.randint(0, len(zeros), scale.shape, generator=torch.Generator().manual_seed(1))
+        packed = nibbles.pack(codes, scale, torch.tensor(zeros, dtype=torch.int32)[pick])
+    else:  # Q4_1: w = d q + m, d and m fp16
+        packed = nibbles.pack_offsets(codes, scale, fp16_exact(torch.randn(scale.shape) * 0.1))
+    small = kernel.compact(packed)
+    assert kernel.form(small) == form and small[1].dtype == torch.float16
+    assert small[2].shape == ((29, 0) if form == "fp16 symmetric" else scale.shape)
+    assert small[1].nbytes + small[2].nbytes <= (packed[1].nbytes + packed[2].nbytes) / 2  # read besides the codes
+    assert torch.equal(nibbles.dequantize(kernel.expanded(small)), nibbles.dequantize(packed))  # exactly the weight
+    x, b = torch.randn(5, 256), torch.randn(29)
+    x[1, :32] = 0
+    torch.testing.assert_close(kernel.linear(x, small, b), kernel.linear(x, packed, b), rtol=1e-5, atol=1e-5)
+    assert kernel.compact(small) is small  # already compact
+
+
+@needs_kernel
+def test_weights_fp16_cannot_hold_exactly_stay_fp32():
+    codes, scale, zero = random_weight(8, 128, 32, 4, seed=0)  # scales with fp32's 24-bit mantissas
+    packed = nibbles.pack(codes, scale, zero)
+    assert kernel.compact(packed) is packed and kernel.form(packed) == "fp32"
+    offsets = packed[2] + 1e-4  # scales exact in fp16, offsets not
+    mixed = (packed[0], fp16_exact(packed[1]), offsets)
+    assert kernel.form(kernel.compact(mixed)) == "fp32"
+    assert kernel.expanded(packed) is packed
+
+
+def test_compact_scales_with_fp32_offsets_are_refused():
+    codes, scale, zero = random_weight(8, 128, 32, 4, seed=0)
+    c, s, o = nibbles.pack(codes, fp16_exact(scale), zero)
+    with pytest.raises(ValueError, match="fp16 offsets"):
+        kernel.linear(torch.randn(1, 128), (c, s.half(), o))

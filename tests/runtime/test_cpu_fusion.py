@@ -4,11 +4,11 @@ import pytest
 import torch
 from torch import nn
 
-from compress.kernels import linear_cpu, nibble_linear_cpu
+from compress.kernels import linear_cpu, nibble_linear_cpu, nibble_q8_cpu
 from compress.models import load_model
-from compress.runtime.cpu_fusion import join_projections
+from compress.runtime.cpu_fusion import join_projections, joinable, joined
 from compress.runtime.cpu_linears import cpu_linears
-from compress.runtime.cpu_modules import CpuLinear, NibbleLinear
+from compress.runtime.cpu_modules import CpuLinear, NibbleLinear, Scratch
 from tests.runtime.test_model_runner import quantized_dir, set_kernel
 
 
@@ -56,3 +56,18 @@ def test_fp32_projections_join_and_unjoinable_ones_stay(tiny_dir):
         after = model(ids)
     torch.testing.assert_close(after, expected, atol=1e-5, rtol=1e-5)
     assert not torch.equal(expected, before)  # the replaced k_proj did change the model
+
+
+@pytest.mark.skipif(nibble_q8_cpu.load() is None, reason="no int8-activation kernel here")
+def test_projections_whose_scales_are_held_differently_do_not_join():
+    def held(scale_dtype_exact: bool) -> NibbleLinear:
+        codes = torch.randint(0, 16, (8, 64), dtype=torch.uint8)
+        scale = torch.rand(8, 2) + 0.5
+        scale = scale.half().float() if scale_dtype_exact else scale
+        packed = nibble_linear_cpu.pack(codes, scale, torch.full((8, 2), 8, dtype=torch.int32))
+        return NibbleLinear(dict(zip(NibbleLinear.NAMES, packed)), None, Scratch(), int8_activations=True)
+
+    q4_0, wide = held(True), held(False)
+    assert (q4_0.form, wide.form) == ("fp16 symmetric", "fp32")
+    assert joinable([q4_0, held(True)]) and not joinable([q4_0, wide])
+    assert joined([q4_0, held(True)]).form == "fp16 symmetric"

@@ -5,11 +5,11 @@ import pytest
 import torch
 
 from compress.errors import UserError
-from compress.kernels import int8_rows_cpu, nibble_q8_cpu
+from compress.kernels import int8_rows_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu
 from compress.models import load_model
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_linears import cpu_linears
-from compress.runtime.cpu_modules import Int8Linear, NibbleLinear
+from compress.runtime.cpu_modules import Int8Linear, NibbleLinear, Scratch
 from tests.runtime.test_model_runner import quantized_dir, set_kernel
 
 
@@ -71,3 +71,20 @@ def test_engine_config_checks_the_cpu_options():
         EngineConfig(device="cpu", cpu_lm_head="int4")
     with pytest.raises(UserError, match="apply to the CPU runtime"):
         EngineConfig(device="cuda", cpu_int8_activations=True)
+
+
+@pytest.mark.skipif(nibble_q8_cpu.load() is None or nibble_panel_cpu.load() is None, reason="no kernels here")
+def test_a_compact_int4_linear_gives_the_wide_one_s_outputs_on_every_path():
+    """fp16 scales and no offsets (a Q4_0): the C kernel reads them as they are, the panel GEMM and torch's path widen
+    them per call; all three as for the same weight held with fp32 scales and offsets."""
+    codes = torch.randint(0, 16, (48, 128), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    scale = (torch.rand(48, 4) + 0.5).half().float()
+    packed = dict(zip(NibbleLinear.NAMES, nibble_linear_cpu.pack(codes, scale, torch.full((48, 4), 8, dtype=torch.int32))))
+    small, wide = NibbleLinear(packed, None, Scratch(), True), NibbleLinear(packed, None, Scratch(), False)
+    assert small.form == "fp16 symmetric" and small.scales.dtype == torch.float16 and wide.form == "fp32"
+    x = torch.randn(30, 128)
+    for use_c, use_panel in [(True, False), (False, True), (False, False)]:
+        small.use_c, small.use_panel, wide.use_c, wide.use_panel = [use_c], [use_panel], [use_c], [use_panel]
+        # the C path rounds x to int8 (the wide module's fp32 kernel does not): against that kernel on the wide form
+        expected = nibble_q8_cpu.linear(x, tuple(packed.values())) if use_c else wide(x)
+        torch.testing.assert_close(small(x), expected, rtol=1e-5, atol=1e-5)
