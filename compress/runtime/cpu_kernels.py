@@ -17,6 +17,7 @@ from torch import nn
 
 from compress.kernels import paged_attention_cpu, rope_cpu
 from compress.model.config import ModelConfig
+from compress.runtime import weight_arena
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.config import EngineConfig
 from compress.runtime.cpu_fusion import join_projections
@@ -87,6 +88,8 @@ class CpuKernels:
         if scratch := self.linears.scratch_bytes():
             out.append(f"Linears held in 4 or 8 bits dequantize into one {scratch / 2**20:.1f} MiB scratch buffer "
                        "where torch's GEMM runs them")
+        if self.linears.huge_pages:
+            out.append(f"held weights in one buffer on 2 MiB pages ({self.linears.huge_pages / 2**20:.1f} MiB)")
         if self.linears.dequantized:
             out.append(f"{self.linears.dequantized} int4/int3 Linears dequantized once (no 4-bit CPU kernel for them here)")
         if not self.linears.groups:
@@ -108,6 +111,7 @@ def choose(model: nn.Module, config: EngineConfig, timings: Timings | None = Non
     linears.groups = []
     linears.joins = join_projections(model)
     linears.groups = group_modules(swapped_modules(model))
+    linears.huge_pages = weight_arena.gather(model)  # before the decode step's table takes the tensors' addresses
     for g in linears.groups:
         timings.request(g.op, config.max_num_batched_tokens, g.preferred, lambda rows, g=g: time_candidates(candidates(g, rows)))
     cfg = model.cfg

@@ -123,6 +123,7 @@ class Swapped:
     groups: list[Group] = field(default_factory=list)
     dequantized: int = 0
     joins: int = 0  # q/k/v and gate/up projections joined into one Linear each (runtime/cpu_fusion.py)
+    huge_pages: int = 0  # bytes of held weights moved into one buffer on huge pages (runtime/weight_arena.py)
 
     def scratch_bytes(self) -> int:
         """The most a Scratch holds: the largest dense weight of a HeldLinear whose plan runs torch somewhere."""
