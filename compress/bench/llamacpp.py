@@ -20,6 +20,7 @@ import torch
 from compress.bench.scale_bench import cpu_info
 from compress.bench.sweep import SweepConfig, batch_workload, decode_tok_s, measure_batch, warm_up
 from compress.errors import UserError
+from compress.kernels import cpu_build, nibble_q8_cpu
 from compress.runtime.engine import LLM
 
 # Issue 26's targets, as ratios to llama.cpp's batch-1 decode tok/s.
@@ -68,7 +69,14 @@ def llamacpp_decoder(gguf: Path, cfg: SweepConfig, threads: int, vocab: int) -> 
                 break
         return decode_tok_s([times])
 
-    return decode, llama_cpp.__version__
+    return decode, f"{llama_cpp.__version__}, built for {built_for(llama_cpp)}"
+
+
+def built_for(llama_cpp) -> str:
+    """The CPU features llama.cpp was compiled with (its system info's "X = 1" entries): an AVX2-only build on an
+    AVX-512 host is the other x86 path, as COMPRESS_CPU_ISA=avx2 is ours."""
+    info = llama_cpp.llama_print_system_info().decode()
+    return " ".join(part.split("=")[0].split()[-1] for part in info.split("|") if part.strip().endswith("= 1")) or "?"
 
 
 def compare(llm: LLM, theirs: Decode, cfg: SweepConfig) -> Comparison:
@@ -107,7 +115,8 @@ def header(cfg: SweepConfig, threads: int, version: str) -> str:
     return (f"llama.cpp (llama-cpp-python {version}) at batch 1 against compress: {cfg.prompt_len}-token prompts, "
             f"{cfg.new_tokens} new tokens (greedy), decode tok/s after the prompt, the fastest of {cfg.repeats} interleaved "
             f"runs each, {threads} threads\nhost: {cpu}; flags: {' '.join(flags) or 'none of the listed'}; "
-            f"load average {os.getloadavg()[0]:.2f} at the start (other work on the host slows both engines, llama.cpp most)")
+            f"load average {os.getloadavg()[0]:.2f} at the start (other work on the host slows both engines, llama.cpp most)\n"
+            f"our C kernels: COMPRESS_CPU_ISA={cpu_build.isa()}, int8 dot product {nibble_q8_cpu.isa()}")
 
 
 def run_llamacpp(model_dir: Path, gguf: Path, cfg: SweepConfig, engine: dict, theirs: Decode | None = None) -> Comparison:

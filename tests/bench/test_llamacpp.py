@@ -59,6 +59,7 @@ def test_interleaved_runs_share_prompts_and_print_the_ratio_table(tiny_int4_dir,
     # a warm-up call, then one per round with the prompt our batch-1 run of that round gets
     assert prompts[1:] == [batch_workload(1, cfg, 49152, run).prompts[0] for run in range(2)] and len(prompts[0]) == 8
     assert "llama-cpp-python fake" in out and "fastest of 2 interleaved runs" in out and "flags:" in out
+    assert "our C kernels: COMPRESS_CPU_ISA=native" in out  # which x86 path ran: an AVX2-only build says avx2
     rows = [line.split(" | ") for line in out.splitlines() if line.startswith(("| llama.cpp |", "| compress |"))]
     assert [(r[0], r[2]) for r in rows] == [("| llama.cpp", "1"), ("| compress", "1"), ("| compress", "2")]
     assert rows[0][3] == "120.0"  # the fastest of llama.cpp's timed runs, not its warm-up
@@ -78,3 +79,12 @@ def test_llamacpp_has_its_own_defaults_and_takes_the_options():
     assert (sweep_config(None, 64, 64, None, True).batch_sizes, sweep_config(None, 64, 64, None, True).repeats) == ((1, 8), 3)
     assert (sweep_config(None, 64, 64, None, False).batch_sizes, sweep_config(None, 64, 64, None, False).repeats) == ((1, 8, 32), 1)
     assert sweep_config("1", 64, 64, 5, True) == SweepConfig((1,), 64, 64, 5)
+
+
+def test_llama_cpp_s_build_is_named_by_its_features():
+    class Fake:
+        @staticmethod
+        def llama_print_system_info():
+            return b"CPU : SSE3 = 1 | AVX = 1 | AVX2 = 1 | AVX512 = 0 | F16C = 1 | OPENMP = 1 | "
+
+    assert llamacpp.built_for(Fake) == "SSE3 AVX AVX2 F16C OPENMP"
