@@ -19,19 +19,16 @@ from compress.kernels.checks import check_attention_options, check_paged_attenti
 EXP_NEG = r"""
 #include <stdint.h>
 
-/* e^x for x <= 0 in a form compilers vectorize: 2^n * 2^f, f in [-1/2, 1/2], degree-6 Taylor
-   (relative error ~1e-7); libm's expf is a call per element. */
+/* 2^f for f in [-1/2, 1/2] (times ln 2 below): degree-6 Taylor, relative error ~1e-7; for a float or a vector */
+#define EXP_POLY(f) ((((((1.3888889e-3f * (f) + 8.3333333e-3f) * (f) + 4.1666667e-2f) * (f) + 1.6666667e-1f) * (f) \
+                       + 0.5f) * (f) + 1.f) * (f) + 1.f)
+
+/* e^x for x <= 0 as 2^n * 2^f, no libm call (expf is a call per element). */
 static inline float exp_neg(float x) {
     float z = (x < -87.f ? -87.f : x) * 1.44269504f;
     int32_t n = (int32_t)(z - 0.5f);
-    float f = (z - (float)n) * 0.69314718f, p = 1.3888889e-3f;
-    p = p * f + 8.3333333e-3f;
-    p = p * f + 4.1666667e-2f;
-    p = p * f + 1.6666667e-1f;
-    p = p * f + 0.5f;
-    p = p * f + 1.f;
-    p = p * f + 1.f;
-    union { float f; int32_t i; } u = { p };
+    float f = (z - (float)n) * 0.69314718f;
+    union { float f; int32_t i; } u = { EXP_POLY(f) };
     u.i += n << 23;
     return u.f;
 }
@@ -45,14 +42,7 @@ static inline vf exp_neg_v(vf x) {
     const vf z = (vf)(((vi32)x & ~below) | ((vi32)low & below)) * 1.44269504f;
     const vi32 n = __builtin_convertvector(z - 0.5f, vi32);
     const vf f = (z - __builtin_convertvector(n, vf)) * 0.69314718f;
-    vf p = (vf){0} + 1.3888889e-3f;
-    p = p * f + 8.3333333e-3f;
-    p = p * f + 4.1666667e-2f;
-    p = p * f + 1.6666667e-1f;
-    p = p * f + 0.5f;
-    p = p * f + 1.f;
-    p = p * f + 1.f;
-    return (vf)((vi32)p + (n << 23));
+    return (vf)((vi32)EXP_POLY(f) + (n << 23));
 }
 """
 
