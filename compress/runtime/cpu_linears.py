@@ -15,7 +15,7 @@ Memory each holds:
 - int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
   path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``). Where fp16 holds them exactly (a
   GGUF's Q4_0 and Q4_1) its scales and offsets are kept in fp16, and a Q4_0's offsets (-8 times the scales) not at
-  all: 4.5 bits a weight at g32 instead of 6 (``nibble_q8_cpu.compact``).
+  all: 4.5 bits a weight at g32 instead of 6 (``nibble_forms.compact``).
 - a GGUF read keeping its codes (``GgufLinear``): its 4-bit types (Q4_0, Q4_1, Q4_K) as NibbleLinears with their
   offsets; its 5-, 6- and 8-bit ones (Q5_0, Q6_K, Q8_0) as ``ByteLinear``: ggml's signed codes a byte each and an
   fp32 scale per group of 16 or 32 (``kernels/byte_q8_cpu.py``, int8 activations as llama.cpp); with activation

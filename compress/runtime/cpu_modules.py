@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu, panel_cpu
+from compress.kernels import (byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_forms, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu,
+                              panel_cpu)
 
 
 def frozen_bias(bias: torch.Tensor | None) -> nn.Parameter | None:
@@ -100,7 +101,7 @@ class HeldLinear(nn.Module):
 class NibbleLinear(HeldLinear):
     """An int4/int3 PackedLinear held as nibbles (``nibble_linear_cpu.pack``); with ``int8_activations`` its C
     path rounds x to int8 per block of 32 and takes integer dot products (``nibble_q8_cpu``), and its scales and
-    offsets are held in fp16 (or none) where that is exact (``nibble_q8_cpu.compact``; the other paths widen them
+    offsets are held in fp16 (or none) where that is exact (``nibble_forms.compact``; the other paths widen them
     per call)."""
 
     NAMES = ("codes", "scales", "offsets")  # [O, I/2] uint8, [O, G] fp32 or fp16, [O, G] fp32 or fp16 or [O, 0]
@@ -108,7 +109,7 @@ class NibbleLinear(HeldLinear):
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch, int8_activations: bool = False):
         """packed: ``nibble_linear_cpu.pack``'s tensors by NAMES (several weights' rows may be joined, cpu_fusion.py)."""
         if int8_activations:
-            packed = dict(zip(self.NAMES, nibble_q8_cpu.compact(tuple(packed[name] for name in self.NAMES))))
+            packed = dict(zip(self.NAMES, nibble_forms.compact(tuple(packed[name] for name in self.NAMES))))
         super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
         self.int8_activations = int8_activations
 
@@ -124,7 +125,7 @@ class NibbleLinear(HeldLinear):
 
     @property
     def form(self) -> str:
-        return nibble_q8_cpu.form(self.packed)
+        return nibble_forms.form(self.packed)
 
     @property
     def kernel(self) -> Callable:
@@ -132,7 +133,7 @@ class NibbleLinear(HeldLinear):
 
     @property
     def panel(self) -> Callable:
-        return lambda x, packed, bias=None: nibble_panel_cpu.unchecked(x, nibble_q8_cpu.expanded(packed), bias)
+        return lambda x, packed, bias=None: nibble_panel_cpu.unchecked(x, nibble_forms.expanded(packed), bias)
 
     @property
     def panel_ready(self) -> bool:
@@ -140,7 +141,7 @@ class NibbleLinear(HeldLinear):
 
     @property
     def dequantize(self) -> Callable:
-        return lambda packed, out=None: nibble_linear_cpu.dequantize(nibble_q8_cpu.expanded(packed), out)
+        return lambda packed, out=None: nibble_linear_cpu.dequantize(nibble_forms.expanded(packed), out)
 
 
 class ByteLinear(HeldLinear):

@@ -13,6 +13,7 @@ from tests.kernels.tolerance import assert_matches
 
 kernel = importlib.import_module("compress.kernels.nibble_q8_cpu")
 nibbles = importlib.import_module("compress.kernels.nibble_linear_cpu")
+forms = importlib.import_module("compress.kernels.nibble_forms")
 needs_kernel = pytest.mark.skipif(kernel.load() is None, reason="no C compiler or no AVX2 for the kernel here")
 
 
@@ -74,26 +75,15 @@ def test_compact_forms_hold_the_same_weight_and_products(isa, zeros, form, group
         packed = nibbles.pack(codes, scale, torch.tensor(zeros, dtype=torch.int32)[pick])
     else:  # Q4_1: w = d q + m, d and m fp16
         packed = nibbles.pack_offsets(codes, scale, fp16_exact(torch.randn(scale.shape) * 0.1))
-    small = kernel.compact(packed)
-    assert kernel.form(small) == form and small[1].dtype == torch.float16
+    small = forms.compact(packed)
+    assert forms.form(small) == form and small[1].dtype == torch.float16
     assert small[2].shape == ((29, 0) if form == "fp16 symmetric" else scale.shape)
     assert small[1].nbytes + small[2].nbytes <= (packed[1].nbytes + packed[2].nbytes) / 2  # read besides the codes
-    assert torch.equal(nibbles.dequantize(kernel.expanded(small)), nibbles.dequantize(packed))  # exactly the weight
+    assert torch.equal(nibbles.dequantize(forms.expanded(small)), nibbles.dequantize(packed))  # exactly the weight
     x, b = torch.randn(5, 256), torch.randn(29)
     x[1, :32] = 0
     torch.testing.assert_close(kernel.linear(x, small, b), kernel.linear(x, packed, b), rtol=1e-5, atol=1e-5)
-    assert kernel.compact(small) is small  # already compact
-
-
-@needs_kernel
-def test_weights_fp16_cannot_hold_exactly_stay_fp32():
-    codes, scale, zero = random_weight(8, 128, 32, 4, seed=0)  # scales with fp32's 24-bit mantissas
-    packed = nibbles.pack(codes, scale, zero)
-    assert kernel.compact(packed) is packed and kernel.form(packed) == "fp32"
-    offsets = packed[2] + 1e-4  # scales exact in fp16, offsets not
-    mixed = (packed[0], fp16_exact(packed[1]), offsets)
-    assert kernel.form(kernel.compact(mixed)) == "fp32"
-    assert kernel.expanded(packed) is packed
+    assert forms.compact(small) is small  # already compact
 
 
 def test_compact_scales_with_fp32_offsets_are_refused():
