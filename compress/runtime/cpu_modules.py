@@ -85,7 +85,7 @@ class HeldLinear(nn.Module):
 
     @property
     def form(self) -> str:
-        """How the scales are held (``nibble_q8_cpu.form``): fp32 but in a compact NibbleLinear."""
+        """How the scales are held (``nibble_forms.form``): fp32 but in a compact NibbleLinear."""
         return "fp32"
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
