@@ -1,7 +1,7 @@
 """The forms a packed int4 weight's scales and offsets take (``nibble_linear_cpu.pack`` gives fp32 both): fp16 both,
 or fp16 scales and no offsets where each offset is -8 times its scale (llama.cpp's Q4_0), made by ``compact`` where
 fp16 holds every value exactly, and widened back to fp32 by ``expanded``. ``nibble_q8_cpu`` reads all three (one C
-entry each); the fp32 kernel and the panel GEMM read the fp32 form. Imports only torch and the shared checks.
+entry each); the fp32 kernel and the panel GEMM read the fp32 form. Imports only torch and nibble_linear_cpu's check.
 """
 
 import torch
@@ -24,8 +24,10 @@ def compact(packed: Packed) -> Packed:
     4.5 as Q4_0). A group whose offset is -7 times its scale (a Q4_0 block with d < 0, read as s = -d, codes 15 - q
     and zero point 7) is mirrored back: s (q' - 7) = (-s) ((15 - q') - 8), exactly."""
     codes, scales, offsets = packed
+    if scales.dtype != torch.float32:
+        return packed
     half = scales.half()
-    if scales.dtype != torch.float32 or not torch.equal(half.float(), scales):
+    if not torch.equal(half.float(), scales):
         return packed
     mirror = offsets == -7 * scales  # [O, G]
     if bool((mirror | (offsets == -8 * scales)).all()):
