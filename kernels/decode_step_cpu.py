@@ -10,8 +10,9 @@ through function pointers taken from their libraries, so each op computes what i
 from Python; only the residual adds and SiLU(gate) * up are computed here.
 
 Tables (int64, built once by the runtime): per block, ``PTRS`` entries: the two norm weights, then ``LINS`` per
-Linear, q/k/v (joined), o, gate/up (joined) and down: a held one's codes, scales, offsets (0 where its kernel takes
-none), its GEMM (``nibble_linear_cpu``'s or ``nibble_q8_cpu``'s ``linear``, ``byte_q8_cpu``'s ``step_linear``: one
+Linear, q/k/v (joined, or q alone), o, gate/up (joined), down, then k and v where the block's q/k/v are three Linears
+(a GGUF's Q4_K q/k beside a Q6_K v: types that join no Linear; k's entries 0 where joined): a held one's codes, scales, offsets (a Q5_0's plane of
+fifth bits; 0 where its kernel takes none), its GEMM (``nibble_linear_cpu``'s or ``nibble_q8_cpu``'s ``linear``, ``byte_q8_cpu``'s ``step_linear``: one
 calling convention) and its groups per row, so a GGUF's mixture of block types runs in one loop; or the fp32 weight
 (the rest unused, ``dims[9]`` 1: every Linear fp32, ``fns[0]`` their ``linear_cpu`` GEMM); then the q and k norms'
 weights (Qwen3's RMSNorm over each head, applied where ``dims[10]`` is 1; unused otherwise). ``fns``: the fp32 GEMM
@@ -25,7 +26,7 @@ from compress.kernels import cpu_build
 from compress.kernels.paged_attention_cpu import EXP_NEG
 
 LINS = 5  # per Linear: codes, scales, offsets, its GEMM, groups per row
-PTRS = 2 + 4 * LINS + 2  # norm1, norm2, then qkv, o, gate_up, down, then q_norm, k_norm
+PTRS = 2 + 6 * LINS + 2  # norm1, norm2, then qkv (or q), o, gate_up, down, k, v, then q_norm, k_norm
 
 SOURCE = EXP_NEG + f"#define LINS {LINS}\n#define PTRS {PTRS}\n" + r"""
 #include <math.h>
@@ -64,6 +65,11 @@ static void silu_mul(const float *gu, float *act, int rows, int m) {
 
 static void add(float *x, const float *y, size_t n) { for (size_t i = 0; i < n; i++) x[i] += y[i]; }
 
+/* columns [at, at + n) of the R rows of qkv (W wide) from part [R, n] */
+static void scatter(float *qkv, const float *part, int R, int W, int at, int n) {
+    for (int r = 0; r < R; r++) memcpy(qkv + (size_t)r * W + at, part + (size_t)r * n, sizeof(float) * n);
+}
+
 /* the GEMM of the Linear whose entries start at p: a held one's (x, codes, scales, offsets, y, rows, O, I, groups per
    row, threads), or fp32 (x, w, y, rows, O, I, threads) */
 #define LIN(p, in, out, O, I) \
@@ -90,11 +96,20 @@ int decode_step(float *x, float *out, const float *cos, const float *sin, const 
         const int64_t *p = ptrs + (size_t)l * PTRS;
         float *kc = kv + (size_t)l * layer, *vc = kv + ((size_t)L + l) * layer;
         norm(x, (const float *)p[0], h, R, C, eps, threads);
-        LIN(p + 2, h, qkv, W, C);
+        if (p[2 + 4 * LINS] == 0) {
+            LIN(p + 2, h, qkv, W, C);
+        } else {  /* q, k, v through att (unused until attention) into qkv's columns */
+            LIN(p + 2, h, att, H * D, C);
+            scatter(qkv, att, R, W, 0, H * D);
+            LIN(p + 2 + 4 * LINS, h, att, KVH * D, C);
+            scatter(qkv, att, R, W, H * D, KVH * D);
+            LIN(p + 2 + 5 * LINS, h, att, KVH * D, C);
+            scatter(qkv, att, R, W, (H + KVH) * D, KVH * D);
+        }
         if (qk_norm)  /* in place: each row of D is read whole before it is written */
             for (int r = 0; r < R; r++) {
-                norm(qkv + (size_t)r * W, (const float *)p[2 + 4 * LINS], qkv + (size_t)r * W, H, D, eps, 1);
-                norm(qkv + (size_t)r * W + H * D, (const float *)p[3 + 4 * LINS], qkv + (size_t)r * W + H * D, KVH, D, eps, 1);
+                norm(qkv + (size_t)r * W, (const float *)p[2 + 6 * LINS], qkv + (size_t)r * W, H, D, eps, 1);
+                norm(qkv + (size_t)r * W + H * D, (const float *)p[3 + 6 * LINS], qkv + (size_t)r * W + H * D, KVH, D, eps, 1);
             }
         for (int r = 0; r < R; r++) {
             const float *src = qkv + (size_t)r * W;

@@ -223,9 +223,13 @@ def pack_offsets(codes: torch.Tensor, scale: torch.Tensor, offset: torch.Tensor)
     if (codes.shape[1] // scale.shape[1]) % CHUNK or offset.shape != scale.shape:
         raise ValueError(f"codes {list(codes.shape)}, scale {list(scale.shape)} and offset {list(offset.shape)} do not "
                          f"describe one weight in groups of a multiple of {CHUNK}")
+    return nibbles(codes), scale.float().contiguous(), offset.float().contiguous()
+
+
+def nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """codes uint8 [O, I] below 16 -> [O, I/2] as the layout above holds them."""
     chunks = codes.view(codes.shape[0], -1, 2, CHUNK // 2)  # [O, I/32, 2 halves, 16]
-    nibbles = chunks[:, :, 0] | (chunks[:, :, 1] << 4)  # [O, I/32, 16]
-    return nibbles.reshape(codes.shape[0], -1).contiguous(), scale.float().contiguous(), offset.float().contiguous()
+    return (chunks[:, :, 0] | (chunks[:, :, 1] << 4)).reshape(codes.shape[0], -1).contiguous()  # [O, I/32, 16] -> [O, I/2]
 
 
 def check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:

@@ -34,7 +34,8 @@ from compress.kernels.nibble_linear_cpu import Packed, call
 
 BLOCK = 64  # inputs per 32-byte load of codes (x's int8 scales are per 32 of them)
 # How a packed weight holds its scales and offsets (``form``) -> the C entry that reads it
-ENTRIES = {"fp32": "linear", "fp16": "linear_f16", "fp16 symmetric": "linear_sym"}
+ENTRIES = {"fp32": "linear", "fp16": "linear_f16", "fp16 symmetric": "linear_sym", "fp16 5-bit": "linear_five",
+           "super-block": "linear_super"}
 
 SOURCE = r"""
 #include <stdlib.h>
@@ -67,10 +68,16 @@ int available(void) { return HAVE_Q8; }
 #define QRM 4
 /* How a weight's scales and offsets are held (``compact``): F32 both fp32; F16 both fp16 (a GGUF's Q4_1, whose d and
    m are fp16); SYM fp16 scales and no offsets, w = s (q - 8) (Q4_0). At g32 a row of W reads 6 bits a weight as F32,
-   5.5 as F16 and 4.5 as SYM (llama.cpp's Q4_0 bytes). */
+   5.5 as F16 and 4.5 as SYM (llama.cpp's Q4_0 bytes). FIVE: SYM's with a fifth bit a code from a plane of masks,
+   w = s (q - 16) (Q5_0 held as ``nibble_five`` lays it out: 5.5 bits a weight, as the file). */
 #define F32 0
 #define F16 1
 #define SYM 2
+#define FIVE 3
+/* SUPER: Q4_K's super-blocks, (k_scale, k_offset) bytes per group of 32 and fp32 (unit_scale, unit_offset) per 8
+   groups (``nibble_forms``): 4.75 bits a weight. */
+#define SUPER 4
+#define ZERO(fmt) (fmt == FIVE ? -16.f : -8.f)
 
 /* 0 none, 1 AVX2 maddubs, 2 AVX-VNNI, 3 AVX512-VNNI: what this build's integer dot product is. */
 int dot_isa(void) { return ISA; }
@@ -116,14 +123,35 @@ static inline __m256i block_dot(__m256i lo, __m256i hi, const signed char *xi) {
 #if ISA >= 2
     return DOT(DOT(_mm256_setzero_si256(), lo, xl), hi, xh);
 #else
-    /* u8 x s8 pairs summed to int16: at most 2 * 15 * 127 each, 4 * 15 * 127 after the add: no overflow */
+    /* u8 x s8 pairs summed to int16: at most 2 * 31 * 127 each (5-bit codes), twice that after the add: no overflow */
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 #endif
 }
 
+/* 32 bytes, 16 where bit k of the little-endian 32-bit mask at p is set, else 0: a code's fifth bit in place */
+static inline __m256i fifth_bits(const unsigned char *p) {
+    unsigned int m;
+    memcpy(&m, p, sizeof m);
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    return _mm256_maskz_mov_epi8(m, _mm256_set1_epi8(16));
+#else
+    /* ggml's bytes_from_bits_32: byte k takes byte k / 8 of the mask, every bit set but bit k % 8 */
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), _mm256_set_epi64x(
+        0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+    const __m256i all = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+    return _mm256_and_si256(_mm256_cmpeq_epi8(all, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
+#endif
+}
+
 /* Row n's scales of groups g (lanes 0-3) and g + 1 (lanes 4-7) at gs 32, else of group g in every lane. */
-static inline __attribute__((always_inline)) __m256 scale_vector(const void *sc, size_t at, int gs, const int fmt) {
+static inline __attribute__((always_inline)) __m256 scale_vector(const void *sc, const void *of, size_t at, int gs,
+                                                                  const int fmt) {
+    if (fmt == SUPER) {  /* gs 32: groups at and at + 1, one super-block */
+        const unsigned char *k = (const unsigned char *)sc + 2 * at;
+        const float unit = ((const float *)of)[2 * (at / 8)];
+        return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(unit * k[0])), _mm_set1_ps(unit * k[2]), 1);
+    }
     if (fmt == F32) {
         const float *s = (const float *)sc + at;
         return gs == 32 ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[0])), _mm_set1_ps(s[1]), 1)
@@ -137,17 +165,23 @@ static inline __attribute__((always_inline)) __m256 scale_vector(const void *sc,
     return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
 }
 
-/* 8 of row n's offsets from group at (fp32 or fp16; SYM: -8 times the scales) */
+/* 8 of row n's offsets from group at (fp32 or fp16; SYM, FIVE: -8 or -16 times the scales) */
 static inline __attribute__((always_inline)) __m256 offsets8(const void *sc, const void *of, size_t at, const int fmt) {
     if (fmt == F32) return _mm256_loadu_ps((const float *)of + at);
-    const void *src = fmt == SYM ? (const unsigned short *)sc + at : (const unsigned short *)of + at;
+    if (fmt == SUPER) {  /* at: a whole super-block; its 8 offset bytes are every second byte */
+        const __m128i pairs = _mm_loadu_si128((const __m128i *)((const unsigned char *)sc + 2 * at));
+        const __m128i k = _mm_shuffle_epi8(pairs, _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1));
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(k)), _mm256_set1_ps(((const float *)of)[2 * (at / 8) + 1]));
+    }
+    const void *src = fmt >= SYM ? (const unsigned short *)sc + at : (const unsigned short *)of + at;
     const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
-    return fmt == SYM ? _mm256_mul_ps(v, _mm256_set1_ps(-8.f)) : v;
+    return fmt >= SYM ? _mm256_mul_ps(v, _mm256_set1_ps(ZERO(fmt))) : v;
 }
 
 static inline float offset1(const void *sc, const void *of, size_t at, const int fmt) {
     if (fmt == F32) return ((const float *)of)[at];
-    return fmt == SYM ? -8.f * _cvtsh_ss(((const unsigned short *)sc)[at]) : _cvtsh_ss(((const unsigned short *)of)[at]);
+    if (fmt == SUPER) return ((const float *)of)[2 * (at / 8) + 1] * ((const unsigned char *)sc)[2 * at + 1];
+    return fmt >= SYM ? ZERO(fmt) * _cvtsh_ss(((const unsigned short *)sc)[at]) : _cvtsh_ss(((const unsigned short *)of)[at]);
 }
 
 /* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc/of; rows of y ys apart. */
@@ -163,11 +197,17 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
     for (int b = 0; b < P; b++) {
         const int g = b * 64 / gs;
         if ((b & 1) == 0) prefetch_rows(q + 32 * b, I / 2, rn, QPF);  /* once per 64-byte line of each row */
+        if (fmt == FIVE && (b & 7) == 0) prefetch_rows((const unsigned char *)of + 8 * b, I / 8, rn, QPF);
         for (int n = 0; n < rn; n++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + (size_t)n * (I / 2) + 32 * b));
-            const __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (fmt == FIVE) {  /* of: the plane of fifth bits, 8 bytes per block of 64 (lo's mask, hi's) */
+                const unsigned char *h = (const unsigned char *)of + (size_t)n * (I / 8) + 8 * b;
+                lo = _mm256_or_si256(lo, fifth_bits(h));
+                hi = _mm256_or_si256(hi, fifth_bits(h + 4));
+            }
             /* groups of 32 (llama.cpp's Q4_0/Q4_1 blocks): lanes 0-3 hold inputs of group 2b, lanes 4-7 of 2b + 1 */
-            const __m256 sv = scale_vector(sc, (size_t)n * G + g, gs, fmt);
+            const __m256 sv = scale_vector(sc, of, (size_t)n * G + g, gs, fmt);
             for (int r = 0; r < rm; r++) {
                 const __m256 dot = _mm256_mul_ps(_mm256_cvtepi32_ps(block_dot(lo, hi, xi + (size_t)r * I + 64 * b)),
                                                  _mm256_loadu_ps(d + ((size_t)r * P + b) * 8));
@@ -196,7 +236,7 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
 #define QFORM(f) QCASES(f, 1) QCASES(f, 2) QCASES(f, 3) QCASES(f, 4)
 static void any_qtile(const signed char *xi, const float *d, const float *sums, const unsigned char *q, const void *sc,
                       const void *of, float *y, int I, int G, int gs, int ys, int rm, int rn, int fmt) {
-    switch ((fmt * 8 + rm) * 8 + rn) { QFORM(F32) QFORM(F16) QFORM(SYM) }
+    switch ((fmt * 8 + rm) * 8 + rn) { QFORM(F32) QFORM(F16) QFORM(SYM) QFORM(FIVE) QFORM(SUPER) }
 }
 
 /* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 32; 1 where a buffer could not be allocated. */
@@ -218,7 +258,7 @@ static int run(const float *x, const unsigned char *q, const void *sc, const voi
         for (int m = 0; m < M; m += QRM)
             for (int o = o0; o < o1; o += rnm)
                 any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)o * (I / 2),
-                          (const char *)sc + (size_t)o * G * es, fmt == SYM ? of : (const char *)of + (size_t)o * G * es,
+                          (const char *)sc + (size_t)o * G * es, fmt == SYM ? of : (const char *)of + (size_t)o * (fmt == FIVE ? I / 8 : fmt == SUPER ? G : G * es),
                           y + (size_t)m * O + o, I, G, gs, O,
                           M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm, fmt);
     }
@@ -234,6 +274,10 @@ int linear_f16(const float *x, const unsigned char *q, const void *sc, const voi
                int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, F16); }
 int linear_sym(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I,
                int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, SYM); }
+int linear_five(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I,
+                int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, FIVE); }
+int linear_super(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I,
+                 int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, SUPER); }
 #else
 int dot_isa(void) { return 0; }
 int linear(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
@@ -242,6 +286,10 @@ int linear_f16(const float *x, const unsigned char *q, const void *sc, const voi
                int M, int O, int I, int G, int threads) { return 2; }
 int linear_sym(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
                int M, int O, int I, int G, int threads) { return 2; }
+int linear_five(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
+                int M, int O, int I, int G, int threads) { return 2; }
+int linear_super(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
+                 int M, int O, int I, int G, int threads) { return 2; }
 #endif
 """
 
@@ -266,7 +314,7 @@ def isa() -> str:
 def supports(scale: torch.Tensor, in_features: int) -> bool:
     """Whether weights with this scale [O, G] and in_features can run here: on an x86 CPU with AVX2,
     in_features a multiple of 64 and the group size 32 or a multiple of 64, with the kernel built."""
-    groups = scale.shape[-1]
+    groups = scale.shape[1]  # [O, G] (or [O, G, 2]: the super-block form)
     group = in_features // groups if groups > 0 and in_features % groups == 0 else 0
     return (scale.device.type == "cpu" and in_features % BLOCK == 0 and (group == 32 or (group > 0 and group % BLOCK == 0))
             and load() is not None)

@@ -87,10 +87,10 @@ def gguf_and_reading(root: Path, smollm2_dir: Path, gguf_type: str, **shape) -> 
 
 @pytest.fixture(scope="session")
 def q4_k_m_gguf(tmp_path_factory, smollm2_dir) -> tuple[Path, Path]:
-    """(a Q4_K_M GGUF of a 2-layer random Llama, its reading keeping the codes): hidden 288 is no multiple of Q4_K's
+    """(a Q4_K_M GGUF of a 2-layer random Llama, its reading keeping the codes): hidden 320 is no multiple of Q4_K's
     256, so q/k/v/o/gate/up fall back to Q5_0 and layer 1's attn_v to Q8_0 (llama.cpp's rule); ffn_down (512 inputs)
     is Q4_K in layer 0 and Q6_K in layer 1: every type a Q4_K_M file holds."""
-    return gguf_and_reading(tmp_path_factory.mktemp("q4_k_m"), smollm2_dir, "Q4_K_M", hidden_size=288, intermediate_size=512)
+    return gguf_and_reading(tmp_path_factory.mktemp("q4_k_m"), smollm2_dir, "Q4_K_M", hidden_size=320, intermediate_size=512)
 
 
 @pytest.fixture(scope="session")

@@ -5,15 +5,17 @@ barrier. SmolLM2-135M: 7 kernel calls a block become 4; 30 blocks of one decode 
 instead of 7.3 at one thread (int8 activations, docs/results/speed.md). The joined weight holds the
 parts' rows in order, so ``split`` / ``chunk`` of its output gives the parts' outputs exactly.
 
-Only swapped Linears of one kind join (all CpuLinear, or all NibbleLinear / ByteLinear with the same group
-size, activations and form of scales: a GGUF's Q5_0 q/k with a Q8_0 v are one ByteLinear); anything else (a Linear left to torch, a dequantized PackedLinear) stays as it is.
+Only swapped Linears of one kind join (all CpuLinear, or all NibbleLinear / FiveLinear / ByteLinear with the same
+group size, activations and form of scales); a GGUF's Q5_0 q/k beside a Q8_0 v (Q4_K_M) are widened to bytes and
+join it as one ByteLinear, because the C decode step runs only blocks whose q/k/v are one Linear. Anything else (a
+Linear left to torch, a dequantized PackedLinear) stays as it is.
 """
 
 import torch
 from torch import nn
 
 from compress.model.arch import MLP_NAMES
-from compress.runtime.cpu_modules import ByteLinear, CpuLinear, NibbleLinear
+from compress.runtime.cpu_modules import ByteLinear, CpuLinear, FiveLinear, NibbleLinear
 
 # (the attribute of the joined Linear, the Linears a module reads one input with, the name a family that stores them
 # joined gives them: Phi-3's qkv_proj / gate_up_proj are taken over as they are). Every module of a block that declares
@@ -27,11 +29,19 @@ def _bias(parts: list[nn.Module]) -> torch.Tensor | None:
     return torch.cat([p.bias for p in parts]) if parts[0].bias is not None else None
 
 
+def widened(parts: list[nn.Module]) -> list[nn.Module]:
+    """parts, the FiveLinears among them as bytes where another part is a ByteLinear (the bytes cost those parts 3.5
+    bits a weight; SmolLM2's Q4_K_M: 2.7 MiB a step)."""
+    if not any(isinstance(p, ByteLinear) for p in parts):
+        return parts
+    return [p.as_bytes() if isinstance(p, FiveLinear) else p for p in parts]
+
+
 def joinable(parts: list[nn.Module]) -> bool:
     first = parts[0]
     same = all(type(p) is type(first) and p.in_features == first.in_features and (p.bias is None) == (first.bias is None)
                for p in parts)
-    if not same or not isinstance(first, (CpuLinear, NibbleLinear, ByteLinear)):
+    if not same or not isinstance(first, (CpuLinear, NibbleLinear, FiveLinear, ByteLinear)):
         return False
     return isinstance(first, CpuLinear) or all(
         (p.group_size, p.int8_activations, p.form) == (first.group_size, first.int8_activations, first.form) for p in parts)
@@ -43,8 +53,8 @@ def joined(parts: list[nn.Module]) -> nn.Module:
     if isinstance(first, CpuLinear):
         return CpuLinear(torch.cat([p.weight.detach() for p in parts]), _bias(parts))  # [sum O, I]
     packed = {name: torch.cat([getattr(p, name) for p in parts]) for name in type(first).NAMES}  # every part's rows, in order
-    if isinstance(first, ByteLinear):
-        return ByteLinear(packed, _bias(parts), first.scratch)
+    if isinstance(first, (ByteLinear, FiveLinear)):
+        return type(first)(packed, _bias(parts), first.scratch)
     return NibbleLinear(packed, _bias(parts), first.scratch, first.int8_activations)
 
 
@@ -63,7 +73,7 @@ def join_projections(model: nn.Module) -> int:
                 delattr(owner, stored)
                 continue
             names = names_of(owner)
-            parts = [getattr(owner, name) for name in names]
+            parts = widened([getattr(owner, name) for name in names])
             if not joinable(parts):
                 continue
             setattr(owner, attr, joined(parts))

@@ -15,10 +15,13 @@ Memory each holds:
 - int4 with int8 activations (``NibbleLinear(int8_activations=True)``, opt-in): the same nibbles; its C
   path rounds x to int8 per block of 32 inputs (``kernels/nibble_q8_cpu.py``). Where fp16 holds them exactly (a
   GGUF's Q4_0 and Q4_1) its scales and offsets are kept in fp16, and a Q4_0's offsets (-8 times the scales) not at
-  all: 4.5 bits a weight at g32 instead of 6 (``nibble_forms.compact``).
+  all: 4.5 bits a weight at g32 instead of 6; a Q4_K's as its super-blocks' bytes and units again (4.75 bits,
+  ``nibble_forms.compact``).
 - a GGUF read keeping its codes (``GgufLinear``): its 4-bit types (Q4_0, Q4_1, Q4_K) as NibbleLinears with their
-  offsets; its 5-, 6- and 8-bit ones (Q5_0, Q6_K, Q8_0) as ``ByteLinear``: ggml's signed codes a byte each and an
-  fp32 scale per group of 16 or 32 (``kernels/byte_q8_cpu.py``, int8 activations as llama.cpp); with activation
+  offsets; its Q5_0 as ``FiveLinear``: the file's own 5.5 bits a weight, low nibbles, a plane of fifth bits and fp16
+  scales (``kernels/nibble_five.py``); its 6- and 8-bit ones (Q6_K, Q8_0), and a Q5_0 of inputs not a multiple of 64
+  or joined to one of those (cpu_fusion), as ``ByteLinear``: ggml's signed codes a byte each and an fp32 scale per
+  group of 16 or 32 (``kernels/byte_q8_cpu.py``), all with int8 activations as llama.cpp; with activation
   quantization off those are dequantized into CpuLinears.
 - an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
   a quarter of fp32's bytes; a tied embedding keeps its own fp32 table for the lookup.
@@ -32,9 +35,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu
+from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_five, nibble_linear_cpu, nibble_q8_cpu
 from compress.quant.linear import GgufLinear, PackedLinear
-from compress.runtime.cpu_modules import ByteLinear, CpuLinear, HeldLinear, Int8Linear, NibbleLinear, Scratch, frozen_bias
+from compress.runtime.cpu_modules import (ByteLinear, CpuLinear, FiveLinear, HeldLinear, Int8Linear, NibbleLinear, Scratch,
+                                          frozen_bias)
 from compress.runtime.kernel_choice import C, FUSE_MARGIN, PANEL, TORCH, Plan
 
 
@@ -52,7 +56,8 @@ def dense_linear(m: PackedLinear, weight: torch.Tensor) -> nn.Linear:
 
 
 def swap_gguf(m: GgufLinear, scratch: Scratch, int8_activations: bool) -> nn.Module:
-    """The held module of a GGUF read's Linear: nibbles (4-bit types), bytes (wider ones, int8 activations), else fp32."""
+    """The held module of a GGUF read's Linear: nibbles (4-bit types), with int8 activations Q5_0's 5.5 bits or bytes
+    (wider types), else fp32."""
     scale = m.weight_scale.float().contiguous()
     if m.bits == 4:
         if nibble_linear_cpu.supports(scale, m.in_features):
@@ -61,6 +66,9 @@ def swap_gguf(m: GgufLinear, scratch: Scratch, int8_activations: bool) -> nn.Mod
             packed = nibble_linear_cpu.pack_offsets(unsigned, scale, offset)
             int8 = int8_activations and nibble_q8_cpu.supports(scale, m.in_features)
             return NibbleLinear(dict(zip(NibbleLinear.NAMES, packed)), m.bias, scratch, int8)
+    elif int8_activations and m.kind == "Q5_0" and nibble_five.supports(m.in_features):
+        packed = nibble_five.pack(m.weight_codes.to(torch.int16) + 16, scale)
+        return FiveLinear(dict(zip(FiveLinear.NAMES, packed)), m.bias, scratch)
     elif int8_activations and byte_q8_cpu.supports(scale, m.in_features):
         return ByteLinear({"codes": m.weight_codes.contiguous(), "scales": scale}, m.bias, scratch)
     weight = m.dequantized()
@@ -87,6 +95,8 @@ def op_of(m: nn.Module) -> str:
         kind += "" if m.form == "fp32" else f" {m.form} scales"
     elif isinstance(m, ByteLinear):
         kind = f" 8-bit codes g{m.group_size} int8 activations"
+    elif isinstance(m, FiveLinear):
+        kind = f" 5-bit g{m.group_size} int8 activations fp16 scales"
     else:
         kind = " int8 rows" if isinstance(m, Int8Linear) else " fp32"
     return f"linear {m.out_features}x{m.in_features}{kind}"

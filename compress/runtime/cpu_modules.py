@@ -1,5 +1,5 @@
 """The modules the CPU path runs a Linear as (swapped in by ``cpu_linears``): ``CpuLinear`` over an fp32 weight,
-``HeldLinear`` s over a compressed one (``NibbleLinear``, ``ByteLinear``, ``Int8Linear``), each calling, per its row
+``HeldLinear`` s over a compressed one (``NibbleLinear``, ``FiveLinear``, ``ByteLinear``, ``Int8Linear``), each calling, per its row
 count, the C kernel, the panel GEMM or torch's GEMM over a dequantized ``Scratch`` (cpu_linears.py says what each
 holds in memory).
 """
@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from compress.kernels import (byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_forms, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu,
-                              panel_cpu)
+from compress.kernels import (byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_five, nibble_forms, nibble_linear_cpu, nibble_panel_cpu,
+                              nibble_q8_cpu, panel_cpu)
 
 
 def frozen_bias(bias: torch.Tensor | None) -> nn.Parameter | None:
@@ -144,35 +144,66 @@ class NibbleLinear(HeldLinear):
         return lambda packed, out=None: nibble_linear_cpu.dequantize(nibble_forms.expanded(packed), out)
 
 
-class ByteLinear(HeldLinear):
-    """Signed 8-bit codes with an fp32 scale per group (``byte_q8_cpu``): a GGUF's Q5_0, Q6_K and Q8_0 Linears, int8
-    activations per block of 32 (llama.cpp's arithmetic)."""
+class GgufHeldLinear(HeldLinear):
+    """A GGUF's wider block types, int8 activations per block of 32 (llama.cpp's arithmetic), C kernel or torch."""
 
-    NAMES = ("codes", "scales")  # [O, I] int8, [O, G] fp32
     int8_activations = True
-
-    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
-        super().__init__(packed, *packed["codes"].shape, bias, scratch)
 
     @property
     def group_size(self) -> int:
         return self.in_features // self.scales.shape[1]
 
     @property
-    def kernel(self) -> Callable:
-        return byte_q8_cpu.unchecked
-
-    @property
     def panel(self) -> Callable:
-        raise NotImplementedError("ByteLinear has no panel path")
+        raise NotImplementedError(f"{type(self).__name__} has no panel path")
 
     @property
     def panel_ready(self) -> bool:
         return False
 
+
+class ByteLinear(GgufHeldLinear):
+    """Signed 8-bit codes with an fp32 scale per group (``byte_q8_cpu``): a GGUF's Q6_K and Q8_0 Linears (and Q5_0
+    where ``FiveLinear`` cannot hold it)."""
+
+    NAMES = ("codes", "scales")  # [O, I] int8, [O, G] fp32
+
+    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
+        super().__init__(packed, *packed["codes"].shape, bias, scratch)
+
+    @property
+    def kernel(self) -> Callable:
+        return byte_q8_cpu.unchecked
+
     @property
     def dequantize(self) -> Callable:
         return byte_q8_cpu.dequantize
+
+
+class FiveLinear(GgufHeldLinear):
+    """A GGUF's Q5_0 Linear in its own 5.5 bits a weight (``nibble_five``), run by ``nibble_q8_cpu``."""
+
+    NAMES = ("codes", "scales", "high")  # [O, I/2] uint8, [O, I/32] fp16, [O, I/8] uint8
+
+    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
+
+    @property
+    def form(self) -> str:
+        return nibble_forms.FIVE
+
+    @property
+    def kernel(self) -> Callable:
+        return nibble_q8_cpu.unchecked
+
+    @property
+    def dequantize(self) -> Callable:
+        return nibble_five.dequantize
+
+    def as_bytes(self) -> ByteLinear:
+        """The same weight a byte a code (to join a wider type's Linear, cpu_fusion)."""
+        packed = {"codes": nibble_five.signed_codes(self.packed), "scales": self.scales.float()}
+        return ByteLinear(packed, self.bias, self.scratch)
 
 
 class Int8Linear(HeldLinear):

@@ -7,8 +7,9 @@ calls: the four Linears of a block, RMSNorm, the rotary embedding and decode att
 same kernels, so the numbers are those of the module path except SiLU(gate) * up, computed in the loop
 (within ~1e-7 relative of torch's).
 
-Which models: fp32 activations, every block's q/k/v and gate/up joined (``cpu_fusion``), all four Linears
-without bias, and either all held (``NibbleLinear`` and ``ByteLinear``, each with its own kernel and group size: a
+Which models: fp32 activations, every block's gate/up joined (``cpu_fusion``) and its q/k/v joined or three held
+Linears (a GGUF's types that join no Linear), all its Linears
+without bias, and either all held (``NibbleLinear``, ``FiveLinear``, ``ByteLinear``, each with its own kernel and group size: a
 GGUF's mixture of block types) or all fp32 ``CpuLinear`` (their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
 and up, where C was chosen), ``CpuRMSNorm`` norms, plain attention (no window or soft-cap), Llama's layout
 or Qwen3's (its per-head q/k norms run in the loop through the same rms_norm kernel), no mixture of experts
@@ -25,14 +26,16 @@ from compress.model.arch import Norms
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata
 from compress.runtime.cpu_linears import op_of
-from compress.runtime.cpu_modules import ByteLinear, CpuLinear, NibbleLinear
+from compress.runtime.cpu_modules import ByteLinear, CpuLinear, FiveLinear, NibbleLinear
 from compress.runtime.cpu_norms import CpuRMSNorm, use_c
 
 
-def block_modules(block: nn.Module) -> list[nn.Module]:
-    """A block's modules in the loop's order: the two norms, then q/k/v, o, gate/up, down."""
+def block_modules(block: nn.Module) -> list[nn.Module | None]:
+    """A block's modules in the loop's table order: the two norms, then q/k/v (or q), o, gate/up, down, then k and v
+    where q/k/v are not joined (None where they are)."""
     attn, mlp = block.self_attn, block.mlp
-    return [block.input_layernorm, block.post_attention_layernorm, attn.qkv, attn.o_proj, mlp.gate_up, mlp.down_proj]
+    first, k, v = (attn.qkv, None, None) if attn.qkv is not None else (attn.q_proj, attn.k_proj, attn.v_proj)
+    return [block.input_layernorm, block.post_attention_layernorm, first, attn.o_proj, mlp.gate_up, mlp.down_proj, k, v]
 
 
 def qk_norms(block: nn.Module) -> list[torch.Tensor]:
@@ -55,9 +58,11 @@ def eligible(model: nn.Module) -> bool:
     """Whether every block has the modules the C loop runs (see the module's docstring)."""
     if not simple_layers(model.cfg) or decode_step_cpu.load() is None:
         return False
-    linears = [m for b in model.model.layers for m in block_modules(b)[2:]]
+    if not all(getattr(b.mlp, "gate_up", None) is not None for b in model.model.layers):
+        return False
+    linears = [m for b in model.model.layers for m in block_modules(b)[2:] if m is not None]
     norms = [m for b in model.model.layers for m in block_modules(b)[:2]] + [model.model.norm]
-    if not all(isinstance(m, (NibbleLinear, ByteLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
+    if not all(isinstance(m, (NibbleLinear, FiveLinear, ByteLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
         return False
     return len({isinstance(m, CpuLinear) for m in linears}) == 1 and len({m.eps for m in norms}) == 1
 
@@ -78,7 +83,7 @@ class DecodeStep:
         """model: eligible (``eligible``); kv: the runner's cache [2, L, NB, BS, KVH, D]."""
         cfg, blocks = model.cfg, model.model.layers
         self.model, self.kv = model, kv
-        modules = [m for b in blocks for m in block_modules(b)]
+        modules = [m for b in blocks for m in block_modules(b) if m is not None]
         self.ops = list({op_of(m) if not isinstance(m, CpuRMSNorm) else "norm": m for m in modules}.values())  # one per plan
         ptrs = [p for b in blocks for p in [*(p for m in block_modules(b) for p in self._entries(m)), *(t.data_ptr() for t in qk_norms(b))]]
         self.ptrs = torch.tensor(ptrs + [model.model.norm.weight.data_ptr()], dtype=torch.int64)
@@ -95,7 +100,9 @@ class DecodeStep:
 
     @staticmethod
     def _entries(m: nn.Module) -> list[int]:
-        """A module's entries in the table: a norm's weight; a Linear's LINS (decode_step_cpu)."""
+        """A module's entries in the table: a norm's weight; a Linear's LINS (decode_step_cpu), zeros for None."""
+        if m is None:
+            return [0] * decode_step_cpu.LINS
         if isinstance(m, CpuRMSNorm):
             return [m.weight.data_ptr()]
         if isinstance(m, CpuLinear):

@@ -16,7 +16,7 @@ from compress.models import load_model
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_fusion import join_projections
 from compress.runtime.cpu_linears import cpu_linears
-from compress.runtime.cpu_modules import ByteLinear, NibbleLinear
+from compress.runtime.cpu_modules import ByteLinear, FiveLinear, NibbleLinear
 from tests.gguf.test_export import GEMMA2, IDS, source, write
 
 
@@ -77,7 +77,8 @@ def test_q4_k_m_file_keeps_ggml_s_codes_of_each_type(q4_k_m_gguf):
         join_projections(model)
         ours = model(IDS)
     held = {type(m) for g in swapped.groups for m in g.modules}
-    assert held >= {ByteLinear, NibbleLinear} and swapped.dequantized == 0
+    assert held >= {ByteLinear, FiveLinear, NibbleLinear} and swapped.dequantized == 0
+    assert isinstance(model.model.layers[0].self_attn.qkv, FiveLinear)  # all Q5_0: the file's 5.5 bits a weight
     assert isinstance(model.model.layers[1].self_attn.qkv, ByteLinear)  # Q5_0 q/k and a Q8_0 v: one byte-code Linear
     err = ((ours - ref).norm() / ref.norm()).item()
     assert err < 0.02  # only x's 8-bit rounding

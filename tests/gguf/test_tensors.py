@@ -26,4 +26,4 @@ def test_a_tied_output_is_the_embedding_and_q_rows_come_back_in_transformers_ord
     assert src.heads("model.layers.0.self_attn.q_proj.weight") == src.cfg.num_heads
     assert src.heads("model.layers.0.self_attn.v_proj.weight") is None
     emb = src.get("model.embed_tokens.weight", (src.cfg.vocab_size, src.cfg.hidden_size))
-    assert emb.dtype == torch.float32 and emb.shape == (49152, 288) and emb.abs().max() > 0
+    assert emb.dtype == torch.float32 and emb.shape == (49152, 320) and emb.abs().max() > 0

@@ -91,3 +91,18 @@ def test_compact_scales_with_fp32_offsets_are_refused():
     c, s, o = nibbles.pack(codes, fp16_exact(scale), zero)
     with pytest.raises(ValueError, match="fp16 offsets"):
         kernel.linear(torch.randn(1, 128), (c, s.half(), o))
+
+
+@needs_kernel
+@pytest.mark.parametrize("rows", [1, 4, 6])
+def test_super_block_form_gives_the_fp32_form_s_products_in_each_build(isa, rows):
+    from tests.kernels.test_nibble_forms import q4_k
+
+    packed = q4_k(29, 512, seed=rows)  # a Q4_K: d * sc and -dmin * m per group of 32
+    small = forms.compact(packed)
+    assert forms.form(small) == forms.SUPER
+    x, b = torch.randn(rows, 512), torch.randn(29)
+    x[0, 64:96] = 0
+    torch.testing.assert_close(kernel.linear(x, small, b), kernel.linear(x, packed, b), rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="super-blocks of 8"):
+        kernel.linear(x, (small[0], small[1], small[2][:, :1]))

@@ -6,9 +6,10 @@ from torch import nn
 
 from compress.kernels import linear_cpu, nibble_linear_cpu, nibble_q8_cpu
 from compress.models import load_model
-from compress.runtime.cpu_fusion import join_projections, joinable, joined
-from compress.runtime.cpu_linears import cpu_linears
-from compress.runtime.cpu_modules import CpuLinear, NibbleLinear, Scratch
+from compress.runtime.cpu_fusion import join_projections, joinable, joined, widened
+from compress.runtime.cpu_linears import cpu_linears, swap_gguf
+from compress.runtime.cpu_modules import ByteLinear, CpuLinear, FiveLinear, NibbleLinear, Scratch
+from tests.runtime.test_cpu_linears import q5_0_linear
 from tests.runtime.test_model_runner import quantized_dir, set_kernel
 
 
@@ -71,3 +72,18 @@ def test_projections_whose_scales_are_held_differently_do_not_join():
     assert (q4_0.form, wide.form) == ("fp16 symmetric", "fp32")
     assert joinable([q4_0, held(True)]) and not joinable([q4_0, wide])
     assert joined([q4_0, held(True)]).form == "fp16 symmetric"
+
+
+@pytest.mark.skipif(nibble_q8_cpu.load() is None, reason="no int8-activation kernel here")
+def test_q5_0_projections_join_as_they_are_or_as_bytes_beside_a_q8_0():
+    """All Q5_0 (gate/up): one FiveLinear. Q5_0 q/k beside a Q8_0 v (Q4_K_M's rule for some layers): widened to bytes
+    and one ByteLinear, since the C decode step needs q/k/v as one Linear. The joined outputs are the parts'."""
+    q, k, v = (swap_gguf(q5_0_linear(rows, 128, seed=rows), Scratch(), True) for rows in (64, 32, 32))
+    v8 = ByteLinear({"codes": torch.randint(-127, 128, (32, 128), dtype=torch.int8), "scales": torch.rand(32, 4)}, None, Scratch())
+    x = torch.randn(3, 128)
+    for parts, kind in (([q, k, v], FiveLinear), (widened([q, k, v8]), ByteLinear)):
+        assert joinable(parts)
+        one = joined(parts)
+        assert type(one) is kind and one.out_features == 128
+        torch.testing.assert_close(one(x), torch.cat([p(x) for p in (q, k, parts[2])], dim=-1), rtol=1e-5, atol=1e-5)
+    assert widened([q, k, v]) == [q, k, v]  # nothing widened where all are Q5_0

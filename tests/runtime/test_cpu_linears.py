@@ -8,8 +8,9 @@ from compress.errors import UserError
 from compress.kernels import int8_rows_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu
 from compress.models import load_model
 from compress.runtime.config import EngineConfig
-from compress.runtime.cpu_linears import cpu_linears
-from compress.runtime.cpu_modules import Int8Linear, NibbleLinear, Scratch
+from compress.quant.linear import GgufLinear
+from compress.runtime.cpu_linears import cpu_linears, op_of, swap_gguf
+from compress.runtime.cpu_modules import ByteLinear, FiveLinear, Int8Linear, NibbleLinear, Scratch
 from tests.runtime.test_model_runner import quantized_dir, set_kernel
 
 
@@ -88,3 +89,28 @@ def test_a_compact_int4_linear_gives_the_wide_one_s_outputs_on_every_path():
         # the C path rounds x to int8 (the wide module's fp32 kernel does not): against that kernel on the wide form
         expected = nibble_q8_cpu.linear(x, tuple(packed.values())) if use_c else wide(x)
         torch.testing.assert_close(small(x), expected, rtol=1e-5, atol=1e-5)
+
+
+def q5_0_linear(out_features: int, in_features: int, seed: int = 0) -> GgufLinear:
+    """A GGUF read's Q5_0 Linear: signed codes q - 16 and fp16 scales of either sign."""
+    g = torch.Generator().manual_seed(seed)
+    m = GgufLinear(in_features, out_features, "Q5_0", bias=False)
+    m.weight_codes.copy_(torch.randint(-16, 16, (out_features, in_features), generator=g))
+    m.weight_scale.copy_((torch.randn(out_features, in_features // 32, generator=g) * 0.02).half().float())
+    return m
+
+
+@pytest.mark.skipif(nibble_q8_cpu.load() is None, reason="no int8-activation kernel here")
+def test_q5_0_is_held_in_its_own_5_5_bits_and_computes_as_the_byte_form():
+    m = q5_0_linear(40, 128)
+    five, wide = swap_gguf(m, Scratch(), True), swap_gguf(q5_0_linear(8, 96), Scratch(), True)
+    assert isinstance(five, FiveLinear) and op_of(five) == "linear 40x128 5-bit g32 int8 activations fp16 scales"
+    assert sum(t.nbytes for t in five.packed) * 8 / m.weight_codes.numel() == 5.5
+    assert isinstance(wide, ByteLinear)  # 96 inputs: not whole loads of 64, a byte a code
+    x = torch.randn(6, 128)
+    as_bytes = five.as_bytes()
+    assert torch.equal(as_bytes.codes, m.weight_codes) and torch.equal(as_bytes.scales, m.weight_scale)
+    torch.testing.assert_close(five(x), as_bytes(x), rtol=1e-5, atol=1e-5)  # the same integer products
+    five.use_c = [False]  # torch's path: the dequantized weight, x not rounded
+    torch.testing.assert_close(five(x), x @ m.dequantized().T, rtol=1e-5, atol=1e-5)
+    assert relative_error(as_bytes(x), x @ m.dequantized().T) < 0.02

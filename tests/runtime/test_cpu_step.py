@@ -5,7 +5,7 @@ import torch
 
 from compress.kernels import (byte_q8_cpu, decode_step_cpu, linear_cpu, nibble_linear_cpu, nibble_q8_cpu, paged_attention_cpu,
                               rms_norm_cpu, rope_cpu)
-from compress.runtime import SamplingParams, cpu_kernels
+from compress.runtime import SamplingParams, cpu_fusion, cpu_kernels
 from compress.model.attention import AttentionSpec
 from compress.runtime.attention import AttentionMetadata, PagedAttention
 from compress.runtime.cpu_modules import NibbleLinear
@@ -41,7 +41,7 @@ def qwen3_dir(tmp_path_factory, smollm2_dir):
 
 
 @needs_kernels
-@pytest.mark.parametrize("kind", ["int4", "int4 int8 activations", "fp32", "qwen3 fp32", "gguf Q4_K_M", "gguf Q4_0"])
+@pytest.mark.parametrize("kind", ["int4", "int4 int8 activations", "int4 q/k/v apart", "fp32", "qwen3 fp32", "gguf Q4_K_M", "gguf Q4_0"])
 def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_dir, tiny_int4_dir, qwen3_dir, monkeypatch, kind,
                                                                        request):
     if "int8" in kind and nibble_q8_cpu.load() is None or "gguf" in kind and byte_q8_cpu.load() is None:
@@ -49,9 +49,12 @@ def test_a_decode_step_gives_the_module_path_s_hidden_states_and_cache(tiny_dir,
     # the GGUF: Linears of four block types, each with its own kernel (nibbles or bytes) and group size in one loop
     model_dir = {"fp32": tiny_dir, "qwen3 fp32": qwen3_dir}.get(kind) or (
         request.getfixturevalue(f"{kind.split()[1].lower()}_gguf")[1] if "gguf" in kind else tiny_int4_dir)
+    if kind == "int4 q/k/v apart":  # three Linears a block (types that join no Linear): the loop's own q, k, v calls
+        monkeypatch.setattr(cpu_fusion, "JOINS", [j for j in cpu_fusion.JOINS if j[0] != "qkv"])
     llm = engine(model_dir, monkeypatch, cpu_int8_activations="int8" in kind or "gguf" in kind)
     runner = llm.runner
     assert isinstance(runner.decode_step, DecodeStep)
+    assert all((b.self_attn.qkv is None) == (kind == "int4 q/k/v apart") for b in runner.model.model.layers)
     if kind == "gguf Q4_0":  # fp16 scales and no offsets: the kernel's Q4_0 entry, in the step's table
         assert {m.form for m in runner.model.modules() if isinstance(m, NibbleLinear)} == {"fp16 symmetric"}
     prompts, tables = [[5, 6, 7, 8, 9, 10, 11], list(range(20, 40))], [[3], [1, 7]]  # 7 and 20 tokens: one sequence over two blocks
