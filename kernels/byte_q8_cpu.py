@@ -13,7 +13,7 @@ The arithmetic, per row r of x and row n of W, c over blocks of 32 inputs, g(c) 
   y[r, n] = sum_c d[r, c] * sum_{g in c} s[n, g] * (C . xi)_g
 that is ``reference.round_blocks_int8(x) @ (s * C)^T`` up to fp32 summation order. A signed x signed byte
 product has no x86 instruction below AVX-VNNI-INT8, so as ggml does: |C| (unsigned, <= 128) times x with C's sign.
-I must be a multiple of 32.
+I must be a multiple of 32. The kernel reads the codes tiled by 4 rows (``row_tiles``: one stream a tile).
 """
 
 import ctypes
@@ -21,7 +21,7 @@ import functools
 
 import torch
 
-from compress.kernels import cpu_build
+from compress.kernels import cpu_build, row_tiles
 from compress.kernels.checks import check_bias
 
 BLOCK = 32  # inputs per block of x's int8 copy and per 32-byte load of codes
@@ -49,7 +49,6 @@ int available(void) { return HAVE_Q8; }
 #else
 #define QRN 2
 #endif
-#define QPF 16  /* W's rows prefetched this far ahead, as nibble_q8_cpu */
 #define QRM 4
 
 /* Row of x [I] -> xi [I] int8 and d [I/32]: the step of each block of 32. */
@@ -84,15 +83,15 @@ static inline __m256 lane_scales(const float *s, int b, int gs) {
     return _mm256_set1_ps(s[b * 32 / gs]);
 }
 
-/* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc; rows of y ys apart. */
+/* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc; rows of y ys apart. The codes are
+   tiled (row_tiles.py): block b of row n at q + 32 (b tr + n), tr the rows of its tile of 4. */
 static inline __attribute__((always_inline)) void qtile(const signed char *xi, const float *d, const signed char *q,
-        const float *sc, float *y, int I, int G, int gs, int ys, const int rm, const int rn) {
+        const float *sc, float *y, int I, int G, int gs, int ys, int tr, const int rm, const int rn) {
     __m256 acc[QRM][4];
     const int P = I / 32;
     for (int r = 0; r < rm; r++)
         for (int n = 0; n < rn; n++) acc[r][n] = _mm256_setzero_ps();
     for (int b = 0; b < P; b++) {
-        if ((b & 1) == 0) prefetch_rows(q + 32 * b, I, rn, QPF);  /* once per 64-byte line of each row */
         __m256i xv[QRM];
         __m256 dv[QRM];
         for (int r = 0; r < rm; r++) {
@@ -100,7 +99,7 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
             dv[r] = _mm256_set1_ps(d[(size_t)r * P + b]);
         }
         for (int n = 0; n < rn; n++) {
-            const __m256i w = _mm256_loadu_si256((const __m256i *)(q + (size_t)n * I + 32 * b));
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(q + 32 * ((size_t)b * tr + n)));
             const __m256i aw = _mm256_sign_epi8(w, w);  /* |w|; -128 stays 0x80, read as unsigned 128 */
             const __m256 sv = lane_scales(sc + (size_t)n * G, b, gs);
             for (int r = 0; r < rm; r++)
@@ -116,10 +115,10 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
         }
 }
 
-#define QCASE(a, b) case a * 8 + b: if (a <= QRM && (b <= QRN || a == 1)) qtile(xi, d, q, sc, y, I, G, gs, ys, a, b); break;
+#define QCASE(a, b) case a * 8 + b: if (a <= QRM && (b <= QRN || a == 1)) qtile(xi, d, q, sc, y, I, G, gs, ys, tr, a, b); break;
 #define QCASES(a) QCASE(a, 1) QCASE(a, 2) QCASE(a, 3) QCASE(a, 4)
 static void any_qtile(const signed char *xi, const float *d, const signed char *q, const float *sc, float *y,
-                      int I, int G, int gs, int ys, int rm, int rn) {
+                      int I, int G, int gs, int ys, int tr, int rm, int rn) {
     switch (rm * 8 + rn) { QCASES(1) QCASES(2) QCASES(3) QCASES(4) }
 }
 
@@ -136,9 +135,12 @@ int linear(const float *x, const signed char *q, const float *sc, float *y, int 
         int o0, o1;
         share(O, rnm, t, threads, &o0, &o1);
         for (int m = 0; m < M; m += QRM)
-            for (int o = o0; o < o1; o += rnm)
-                any_qtile(xi + (size_t)m * I, d + (size_t)m * P, q + (size_t)o * I, sc + (size_t)o * G,
-                          y + (size_t)m * O + o, I, G, gs, O, M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm);
+            for (int o = o0; o < o1; o += rnm) {
+                const int t0 = o - o % 4;  /* the first row of o's tile of 4 */
+                any_qtile(xi + (size_t)m * I, d + (size_t)m * P, q + (size_t)t0 * I + 32 * (o % 4), sc + (size_t)o * G,
+                          y + (size_t)m * O + o, I, G, gs, O, O - t0 < 4 ? O - t0 : 4, M - m < QRM ? M - m : QRM,
+                          o1 - o < rnm ? o1 - o : rnm);
+            }
     }
     free(xi);
     free(d);
@@ -198,15 +200,18 @@ def check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., O] ~ x [..., I] @ (s * C)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32."""
+    """[..., O] ~ x [..., I] @ (s * C)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32; C row-major
+    (tiled here per call, as the runtime holds it once)."""
     check(x, packed, bias)
     if load() is None:
         raise ValueError("the byte-code kernel needs an x86 CPU with AVX2 and a C compiler")
-    return unchecked(x, tuple(t.contiguous() for t in packed), bias)
+    codes, scales = (t.contiguous() for t in packed)
+    return unchecked(x, (row_tiles.tiled(codes), scales), bias)
 
 
 def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear`` without its checks, for a caller that made sure once that they pass (the runtime's Linears)."""
+    """``linear`` without its checks, for a caller that made sure once that they pass (the runtime's Linears), the
+    codes tiled (``row_tiles.tiled``)."""
     codes, scales = packed
     out_features, in_features = codes.shape
     x = x if x.is_contiguous() else x.contiguous()

@@ -17,7 +17,7 @@ I must be a multiple of 64 (``supports``).
 
 import torch
 
-from compress.kernels import byte_q8_cpu, nibble_q8_cpu
+from compress.kernels import byte_q8_cpu, nibble_q8_cpu, row_tiles
 from compress.kernels.checks import check_bias
 from compress.kernels.nibble_forms import FIVE
 from compress.kernels.nibble_linear_cpu import Packed, nibbles
@@ -85,4 +85,5 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
     check(x, packed, bias)
     if not supports(x.shape[-1]):
         raise ValueError("the 5-bit kernel needs an x86 CPU with AVX2 and a C compiler")
-    return nibble_q8_cpu.unchecked(x, tuple(t.contiguous() for t in packed), bias)
+    low, scales, high = (t.contiguous() for t in packed)
+    return nibble_q8_cpu.unchecked(x, (row_tiles.tiled(low), scales, high), bias)

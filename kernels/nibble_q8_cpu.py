@@ -28,7 +28,7 @@ import functools
 
 import torch
 
-from compress.kernels import cpu_build
+from compress.kernels import cpu_build, row_tiles
 from compress.kernels.nibble_forms import check_form, form
 from compress.kernels.nibble_linear_cpu import Packed, call
 
@@ -64,7 +64,7 @@ int available(void) { return HAVE_Q8; }
 #else
 #define QRN 2
 #endif
-#define QPF 16  /* W's rows prefetched this far ahead (nibble_linear_cpu's PF): 1.2-1.6x at 1-4 rows */
+#define QPF 16  /* the 5-bit plane's rows prefetched this far ahead (row-major; the codes are tiled, row_tiles.py) */
 #define QRM 4
 /* How a weight's scales and offsets are held (``compact``): F32 both fp32; F16 both fp16 (a GGUF's Q4_1, whose d and
    m are fp16); SYM fp16 scales and no offsets, w = s (q - 8) (Q4_0). At g32 a row of W reads 6 bits a weight as F32,
@@ -184,9 +184,10 @@ static inline float offset1(const void *sc, const void *of, size_t at, const int
     return fmt >= SYM ? ZERO(fmt) * _cvtsh_ss(((const unsigned short *)sc)[at]) : _cvtsh_ss(((const unsigned short *)of)[at]);
 }
 
-/* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc/of; rows of y ys apart. */
+/* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc/of; rows of y ys apart. The codes
+   are tiled (row_tiles.py): block b of row n at q + 32 (b tr + n), tr the rows of its tile of 4. */
 static inline __attribute__((always_inline)) void qtile(const signed char *xi, const float *d, const float *sums,
-        const unsigned char *q, const void *sc, const void *of, float *y, int I, int G, int gs, int ys,
+        const unsigned char *q, const void *sc, const void *of, float *y, int I, int G, int gs, int ys, int tr,
         const int rm, const int rn, const int fmt) {
     __m256 acc[QRM][4];
     const __m256i low = _mm256_set1_epi8(15);
@@ -196,10 +197,9 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
     /* d holds 8 lanes per block of 64 */
     for (int b = 0; b < P; b++) {
         const int g = b * 64 / gs;
-        if ((b & 1) == 0) prefetch_rows(q + 32 * b, I / 2, rn, QPF);  /* once per 64-byte line of each row */
         if (fmt == FIVE && (b & 7) == 0) prefetch_rows((const unsigned char *)of + 8 * b, I / 8, rn, QPF);
         for (int n = 0; n < rn; n++) {
-            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + (size_t)n * (I / 2) + 32 * b));
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * ((size_t)b * tr + n)));
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
             if (fmt == FIVE) {  /* of: the plane of fifth bits, 8 bytes per block of 64 (lo's mask, hi's) */
                 const unsigned char *h = (const unsigned char *)of + (size_t)n * (I / 8) + 8 * b;
@@ -231,11 +231,11 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
 }
 
 #define QCASE(f, a, b) case (f * 8 + a) * 8 + b: \
-    if (a <= QRM && (b <= QRN || a == 1)) qtile(xi, d, sums, q, sc, of, y, I, G, gs, ys, a, b, f); break;
+    if (a <= QRM && (b <= QRN || a == 1)) qtile(xi, d, sums, q, sc, of, y, I, G, gs, ys, tr, a, b, f); break;
 #define QCASES(f, a) QCASE(f, a, 1) QCASE(f, a, 2) QCASE(f, a, 3) QCASE(f, a, 4)
 #define QFORM(f) QCASES(f, 1) QCASES(f, 2) QCASES(f, 3) QCASES(f, 4)
 static void any_qtile(const signed char *xi, const float *d, const float *sums, const unsigned char *q, const void *sc,
-                      const void *of, float *y, int I, int G, int gs, int ys, int rm, int rn, int fmt) {
+                      const void *of, float *y, int I, int G, int gs, int ys, int tr, int rm, int rn, int fmt) {
     switch ((fmt * 8 + rm) * 8 + rn) { QFORM(F32) QFORM(F16) QFORM(SYM) QFORM(FIVE) QFORM(SUPER) }
 }
 
@@ -256,11 +256,13 @@ static int run(const float *x, const unsigned char *q, const void *sc, const voi
         int o0, o1;
         share(O, rnm, t, threads, &o0, &o1);
         for (int m = 0; m < M; m += QRM)
-            for (int o = o0; o < o1; o += rnm)
-                any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)o * (I / 2),
+            for (int o = o0; o < o1; o += rnm) {
+                const int t0 = o - o % 4;  /* the first row of o's tile of 4 */
+                any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)t0 * (I / 2) + 32 * (o % 4),
                           (const char *)sc + (size_t)o * G * es, fmt == SYM ? of : (const char *)of + (size_t)o * (fmt == FIVE ? I / 8 : fmt == SUPER ? G : G * es),
-                          y + (size_t)m * O + o, I, G, gs, O,
+                          y + (size_t)m * O + o, I, G, gs, O, O - t0 < 4 ? O - t0 : 4,
                           M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm, fmt);
+            }
     }
     free(xi);
     free(d);
@@ -322,15 +324,17 @@ def supports(scale: torch.Tensor, in_features: int) -> bool:
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
     """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32;
-    packed as ``pack`` or ``compact`` gives it."""
+    packed as ``pack`` or ``compact`` gives it (row-major codes: tiled here per call, as the runtime holds them once)."""
     check_form(x, packed, bias)
     in_features, groups = 2 * packed[0].shape[1], packed[1].shape[1]
     if not supports(packed[1], in_features):
         raise ValueError(f"the int8-activation kernel needs AVX2, in_features ({in_features}) a multiple of {BLOCK} and "
                          f"the group size ({in_features // max(groups, 1)}) 32 or a multiple of {BLOCK}")
-    return unchecked(x, tuple(t.contiguous() for t in packed), bias)
+    codes, scales, offsets = (t.contiguous() for t in packed)
+    return unchecked(x, (row_tiles.tiled(codes), scales, offsets), bias)
 
 
 def unchecked(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``linear`` without its checks, for a caller that made sure once that they pass (the runtime's Linears)."""
+    """``linear`` without its checks, for a caller that made sure once that they pass (the runtime's Linears), the
+    codes already tiled (``row_tiles.tiled``)."""
     return call(load(), x, packed, bias, "x's int8 copy", ENTRIES[form(packed)])

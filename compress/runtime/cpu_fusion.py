@@ -52,7 +52,7 @@ def joined(parts: list[nn.Module]) -> nn.Module:
     first = parts[0]
     if isinstance(first, CpuLinear):
         return CpuLinear(torch.cat([p.weight.detach() for p in parts]), _bias(parts))  # [sum O, I]
-    packed = {name: torch.cat([getattr(p, name) for p in parts]) for name in type(first).NAMES}  # every part's rows, in order
+    packed = {name: torch.cat([p.row_major()[name] for p in parts]) for name in type(first).NAMES}  # every part's rows, in order
     if isinstance(first, (ByteLinear, FiveLinear)):
         return type(first)(packed, _bias(parts), first.scratch)
     return NibbleLinear(packed, _bias(parts), first.scratch, first.int8_activations)

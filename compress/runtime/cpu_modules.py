@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.kernels import (byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_five, nibble_forms, nibble_linear_cpu, nibble_panel_cpu,
-                              nibble_q8_cpu, panel_cpu)
+                              nibble_q8_cpu, panel_cpu, row_tiles)
 
 
 def frozen_bias(bias: torch.Tensor | None) -> nn.Parameter | None:
@@ -88,6 +88,10 @@ class HeldLinear(nn.Module):
         """How the scales are held (``nibble_forms.form``): fp32 but in a compact NibbleLinear."""
         return "fp32"
 
+    def row_major(self) -> dict[str, torch.Tensor]:
+        """The held tensors by name, codes row-major where they are held tiled (``row_tiles``): what joins concatenate."""
+        return {name: getattr(self, name) for name in self.names}
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if use_at(self.use_c, rows):
@@ -102,7 +106,7 @@ class NibbleLinear(HeldLinear):
     """An int4/int3 PackedLinear held as nibbles (``nibble_linear_cpu.pack``); with ``int8_activations`` its C
     path rounds x to int8 per block of 32 and takes integer dot products (``nibble_q8_cpu``), and its scales and
     offsets are held in fp16 (or none) where that is exact (``nibble_forms.compact``; the other paths widen them
-    per call)."""
+    per call) and its codes tiled for that kernel (``row_tiles``; the other paths untile them per call)."""
 
     NAMES = ("codes", "scales", "offsets")  # [O, I/2] uint8, [O, G] fp32 or fp16, [O, G] fp32 or fp16 or [O, 0]
 
@@ -110,6 +114,7 @@ class NibbleLinear(HeldLinear):
         """packed: ``nibble_linear_cpu.pack``'s tensors by NAMES (several weights' rows may be joined, cpu_fusion.py)."""
         if int8_activations:
             packed = dict(zip(self.NAMES, nibble_forms.compact(tuple(packed[name] for name in self.NAMES))))
+            packed["codes"] = row_tiles.tiled(packed["codes"])
         super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
         self.int8_activations = int8_activations
 
@@ -133,7 +138,7 @@ class NibbleLinear(HeldLinear):
 
     @property
     def panel(self) -> Callable:
-        return lambda x, packed, bias=None: nibble_panel_cpu.unchecked(x, nibble_forms.expanded(packed), bias)
+        return lambda x, packed, bias=None: nibble_panel_cpu.unchecked(x, self.wide(packed), bias)
 
     @property
     def panel_ready(self) -> bool:
@@ -141,7 +146,15 @@ class NibbleLinear(HeldLinear):
 
     @property
     def dequantize(self) -> Callable:
-        return lambda packed, out=None: nibble_linear_cpu.dequantize(nibble_forms.expanded(packed), out)
+        return lambda packed, out=None: nibble_linear_cpu.dequantize(self.wide(packed), out)
+
+    def wide(self, packed: tuple) -> tuple:
+        """packed as ``nibble_linear_cpu.pack`` gives it: row-major codes, fp32 scales and offsets."""
+        codes, scales, offsets = packed
+        return nibble_forms.expanded((row_tiles.untiled(codes) if self.int8_activations else codes, scales, offsets))
+
+    def row_major(self) -> dict[str, torch.Tensor]:
+        return dict(super().row_major(), codes=row_tiles.untiled(self.codes) if self.int8_activations else self.codes)
 
 
 class GgufHeldLinear(HeldLinear):
@@ -169,7 +182,8 @@ class ByteLinear(GgufHeldLinear):
     NAMES = ("codes", "scales")  # [O, I] int8, [O, G] fp32
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
-        super().__init__(packed, *packed["codes"].shape, bias, scratch)
+        """packed: row-major codes and their scales by NAMES (the codes held tiled, ``row_tiles``)."""
+        super().__init__(dict(packed, codes=row_tiles.tiled(packed["codes"])), *packed["codes"].shape, bias, scratch)
 
     @property
     def kernel(self) -> Callable:
@@ -177,7 +191,10 @@ class ByteLinear(GgufHeldLinear):
 
     @property
     def dequantize(self) -> Callable:
-        return byte_q8_cpu.dequantize
+        return lambda packed, out=None: byte_q8_cpu.dequantize((row_tiles.untiled(packed[0]), packed[1]), out)
+
+    def row_major(self) -> dict[str, torch.Tensor]:
+        return dict(super().row_major(), codes=row_tiles.untiled(self.codes))
 
 
 class FiveLinear(GgufHeldLinear):
@@ -186,6 +203,8 @@ class FiveLinear(GgufHeldLinear):
     NAMES = ("codes", "scales", "high")  # [O, I/2] uint8, [O, I/32] fp16, [O, I/8] uint8
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
+        """packed: ``nibble_five.pack``'s tensors by NAMES, row-major (held tiled, ``row_tiles``)."""
+        packed = dict(packed, codes=row_tiles.tiled(packed["codes"]))
         super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
 
     @property
@@ -198,11 +217,14 @@ class FiveLinear(GgufHeldLinear):
 
     @property
     def dequantize(self) -> Callable:
-        return nibble_five.dequantize
+        return lambda packed, out=None: nibble_five.dequantize((row_tiles.untiled(packed[0]), *packed[1:]), out)
+
+    def row_major(self) -> dict[str, torch.Tensor]:
+        return dict(super().row_major(), codes=row_tiles.untiled(self.codes))
 
     def as_bytes(self) -> ByteLinear:
         """The same weight a byte a code (to join a wider type's Linear, cpu_fusion)."""
-        packed = {"codes": nibble_five.signed_codes(self.packed), "scales": self.scales.float()}
+        packed = {"codes": nibble_five.signed_codes(tuple(self.row_major().values())), "scales": self.scales.float()}
         return ByteLinear(packed, self.bias, self.scratch)
 
 

@@ -109,7 +109,7 @@ def test_q5_0_is_held_in_its_own_5_5_bits_and_computes_as_the_byte_form():
     assert isinstance(wide, ByteLinear)  # 96 inputs: not whole loads of 64, a byte a code
     x = torch.randn(6, 128)
     as_bytes = five.as_bytes()
-    assert torch.equal(as_bytes.codes, m.weight_codes) and torch.equal(as_bytes.scales, m.weight_scale)
+    assert torch.equal(as_bytes.row_major()["codes"], m.weight_codes) and torch.equal(as_bytes.scales, m.weight_scale)
     torch.testing.assert_close(five(x), as_bytes(x), rtol=1e-5, atol=1e-5)  # the same integer products
     five.use_c = [False]  # torch's path: the dequantized weight, x not rounded
     torch.testing.assert_close(five(x), x @ m.dequantized().T, rtol=1e-5, atol=1e-5)
