@@ -16,8 +16,9 @@ torch), the C kernel for int4/int3 Linears (the other paths need a dequantized s
 another candidate must win twice (``confirmed``): a slow spell during the preferred kernel's passes
 alone then cannot switch it. An
 untimed bucket (noise, or past ``BUDGET_S`` of timing at one start, coarse buckets being timed
-first) takes the choice of the nearest timed one, or the preferred kernel, and is timed again at the
-next start. Timings are cached in ``$COMPRESS_CACHE/kernels/choices.json`` under a key of the CPU's
+first) takes the choice of the nearest timed one below it, or the preferred kernel where none is below (the
+nearest either way once gave a 1.1B model's lm_head the panel GEMM at one row, from its largest bucket: decode
+at a third of its speed), and is timed again at the next start. Timings are cached in ``$COMPRESS_CACHE/kernels/choices.json`` under a key of the CPU's
 flags, torch's version, the thread count, the kernel build and the op; a second start on the same
 host reads them and times nothing.
 """
@@ -211,11 +212,13 @@ class Request:
 
 
 def plan_of(request: Request, timings: list[dict[str, float] | None]) -> Plan:
-    """The Plan from each bucket's timings; an untimed bucket takes the choice of the nearest timed one."""
+    """The Plan from each bucket's timings; an untimed bucket takes the choice of the nearest timed one below it, or
+    the preferred kernel."""
     decided = [None if ms is None else decide(ms, request.preferred) for ms in timings]
-    timed = [i for i, k in enumerate(decided) if k is not None]
-    kernels = [k if k is not None else decided[min(timed, key=lambda j: (abs(j - i), j))] if timed else request.preferred
-               for i, k in enumerate(decided)]
+    kernels, last = [], request.preferred
+    for k in decided:
+        last = k if k is not None else last
+        kernels.append(last)
     return Plan(tuple(request.rows), tuple(kernels), tuple(timings), request.preferred)
 
 

@@ -81,13 +81,15 @@ def test_near_says_where_a_kernel_is_within_a_margin_of_the_fastest():
     assert untimed.near(C, 0.10) == [k == C for k in untimed.choices()]  # untimed: the choice
 
 
-def test_untimed_buckets_take_the_nearest_timed_choice():
+def test_untimed_buckets_take_the_nearest_timed_choice_below():
     req = kernel_choice.Request("op", [1, 2, 4, 8, 16], TORCH, lambda rows: {})
     fast_c, fast_torch = {C: 1.0, TORCH: 2.0}, {C: 2.0, TORCH: 1.0}
     plan = plan_of(req, [fast_c, None, None, fast_torch, None])
-    assert plan.kernels == (C, C, TORCH, TORCH, TORCH)  # 4 is as near 8 as 2 is to 1: the nearer index wins
+    assert plan.kernels == (C, C, C, TORCH, TORCH)  # 4 is nearer 8, but only a bucket below decides
     assert plan.times == (fast_c, None, None, fast_torch, None)  # untimed buckets keep no times
     assert plan_of(req, [None] * 5).kernels == (TORCH,) * 5
+    # the smallest untimed (decode) never takes a large bucket's choice: the preferred kernel
+    assert plan_of(kernel_choice.Request("op", [1, 2, 4], C, lambda rows: {}), [None, None, fast_torch]).kernels == (C, C, TORCH)
 
 
 class FakeClock:
