@@ -31,6 +31,7 @@ import torch
 from compress.kernels import cpu_build, row_tiles
 from compress.kernels.nibble_forms import check_form, form
 from compress.kernels.nibble_linear_cpu import Packed, call
+from compress.kernels.nibble_q8_forms import FORMS
 
 BLOCK = 64  # inputs per 32-byte load of codes (x's int8 scales are per 32 of them)
 # How a packed weight holds its scales and offsets (``form``) -> the C entry that reads it
@@ -66,19 +67,7 @@ int available(void) { return HAVE_Q8; }
 #endif
 #define QPF 16  /* the 5-bit plane's rows prefetched this far ahead (row-major; the codes are tiled, row_tiles.py) */
 #define QRM 4
-/* How a weight's scales and offsets are held (``compact``): F32 both fp32; F16 both fp16 (a GGUF's Q4_1, whose d and
-   m are fp16); SYM fp16 scales and no offsets, w = s (q - 8) (Q4_0). At g32 a row of W reads 6 bits a weight as F32,
-   5.5 as F16 and 4.5 as SYM (llama.cpp's Q4_0 bytes). FIVE: SYM's with a fifth bit a code from a plane of masks,
-   w = s (q - 16) (Q5_0 held as ``nibble_five`` lays it out: 5.5 bits a weight, as the file). */
-#define F32 0
-#define F16 1
-#define SYM 2
-#define FIVE 3
-/* SUPER: Q4_K's super-blocks, (k_scale, k_offset) bytes per group of 32 and fp32 (unit_scale, unit_offset) per 8
-   groups (``nibble_forms``): 4.75 bits a weight. */
-#define SUPER 4
-#define ZERO(fmt) (fmt == FIVE ? -16.f : -8.f)
-
+""" + FORMS + r"""
 /* 0 none, 1 AVX2 maddubs, 2 AVX-VNNI, 3 AVX512-VNNI: what this build's integer dot product is. */
 int dot_isa(void) { return ISA; }
 
@@ -127,61 +116,6 @@ static inline __m256i block_dot(__m256i lo, __m256i hi, const signed char *xi) {
     const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
     return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
 #endif
-}
-
-/* 32 bytes, 16 where bit k of the little-endian 32-bit mask at p is set, else 0: a code's fifth bit in place */
-static inline __m256i fifth_bits(const unsigned char *p) {
-    unsigned int m;
-    memcpy(&m, p, sizeof m);
-#if defined(__AVX512BW__) && defined(__AVX512VL__)
-    return _mm256_maskz_mov_epi8(m, _mm256_set1_epi8(16));
-#else
-    /* ggml's bytes_from_bits_32: byte k takes byte k / 8 of the mask, every bit set but bit k % 8 */
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32((int)m), _mm256_set_epi64x(
-        0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
-    const __m256i all = _mm256_or_si256(spread, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-    return _mm256_and_si256(_mm256_cmpeq_epi8(all, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(16));
-#endif
-}
-
-/* Row n's scales of groups g (lanes 0-3) and g + 1 (lanes 4-7) at gs 32, else of group g in every lane. */
-static inline __attribute__((always_inline)) __m256 scale_vector(const void *sc, const void *of, size_t at, int gs,
-                                                                  const int fmt) {
-    if (fmt == SUPER) {  /* gs 32: groups at and at + 1, one super-block */
-        const unsigned char *k = (const unsigned char *)sc + 2 * at;
-        const float unit = ((const float *)of)[2 * (at / 8)];
-        return _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(unit * k[0])), _mm_set1_ps(unit * k[2]), 1);
-    }
-    if (fmt == F32) {
-        const float *s = (const float *)sc + at;
-        return gs == 32 ? _mm256_insertf128_ps(_mm256_castps128_ps256(_mm_set1_ps(s[0])), _mm_set1_ps(s[1]), 1)
-                        : _mm256_set1_ps(s[0]);
-    }
-    const unsigned short *h = (const unsigned short *)sc + at;
-    if (gs != 32) return _mm256_set1_ps(_cvtsh_ss(h[0]));
-    int two;
-    memcpy(&two, h, sizeof two);
-    const __m128 s = _mm_cvtph_ps(_mm_cvtsi32_si128(two));
-    return _mm256_permutevar8x32_ps(_mm256_castps128_ps256(s), _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
-}
-
-/* 8 of row n's offsets from group at (fp32 or fp16; SYM, FIVE: -8 or -16 times the scales) */
-static inline __attribute__((always_inline)) __m256 offsets8(const void *sc, const void *of, size_t at, const int fmt) {
-    if (fmt == F32) return _mm256_loadu_ps((const float *)of + at);
-    if (fmt == SUPER) {  /* at: a whole super-block; its 8 offset bytes are every second byte */
-        const __m128i pairs = _mm_loadu_si128((const __m128i *)((const unsigned char *)sc + 2 * at));
-        const __m128i k = _mm_shuffle_epi8(pairs, _mm_setr_epi8(1, 3, 5, 7, 9, 11, 13, 15, -1, -1, -1, -1, -1, -1, -1, -1));
-        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(k)), _mm256_set1_ps(((const float *)of)[2 * (at / 8) + 1]));
-    }
-    const void *src = fmt >= SYM ? (const unsigned short *)sc + at : (const unsigned short *)of + at;
-    const __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)src));
-    return fmt >= SYM ? _mm256_mul_ps(v, _mm256_set1_ps(ZERO(fmt))) : v;
-}
-
-static inline float offset1(const void *sc, const void *of, size_t at, const int fmt) {
-    if (fmt == F32) return ((const float *)of)[at];
-    if (fmt == SUPER) return ((const float *)of)[2 * (at / 8) + 1] * ((const unsigned char *)sc)[2 * at + 1];
-    return fmt >= SYM ? ZERO(fmt) * _cvtsh_ss(((const unsigned short *)sc)[at]) : _cvtsh_ss(((const unsigned short *)of)[at]);
 }
 
 /* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc/of; rows of y ys apart. The codes
