@@ -193,7 +193,7 @@ static int run(const float *x, const unsigned char *q, const void *sc, const voi
             for (int o = o0; o < o1; o += rnm) {
                 const int t0 = o - o % 4;  /* the first row of o's tile of 4 */
                 any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)t0 * (I / 2) + 32 * (o % 4),
-                          (const char *)sc + (size_t)o * G * es, fmt == SYM ? of : (const char *)of + (size_t)o * (fmt == FIVE ? I / 8 : fmt == SUPER ? G : G * es),
+                          (const char *)sc + (size_t)o * G * es, (const char *)of + (size_t)o * offsets_row_bytes(fmt, I, G, es),
                           y + (size_t)m * O + o, I, G, gs, O, O - t0 < 4 ? O - t0 : 4,
                           M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm, fmt);
             }

@@ -17,6 +17,17 @@ FORMS = r"""
 #define SUPER 4
 #define ZERO(fmt) (fmt == FIVE ? -16.f : -8.f)
 
+/* Bytes of a row's second array (``of``): offsets (F32, F16: es a group; SUPER: the row's units, two fp32 per 8
+   groups), Q5_0's fifth bits (FIVE: a bit an input) or nothing (SYM). */
+static inline size_t offsets_row_bytes(const int fmt, int I, int G, int es) {
+    switch (fmt) {
+    case SYM: return 0;
+    case FIVE: return (size_t)I / 8;
+    case SUPER: return (size_t)G;
+    default: return (size_t)G * es;
+    }
+}
+
 /* 32 bytes, 16 where bit k of the little-endian 32-bit mask at p is set, else 0: a code's fifth bit in place */
 static inline __m256i fifth_bits(const unsigned char *p) {
     unsigned int m;

@@ -66,11 +66,15 @@ class HeldLinear(nn.Module):
     # kernel and panel (x, packed, bias) -> y, dequantize (packed, out buffer) -> weight [O, I] fp32.
 
     def __init__(self, packed: dict[str, torch.Tensor], out_features: int, in_features: int, bias: torch.Tensor | None,
-                 scratch: Scratch):
-        """packed: the kernel's tensors in its order, by the buffer names they are held under."""
+                 scratch: Scratch, tiled: bool = False):
+        """packed: the kernel's tensors in its order, by the buffer names they are held under, codes first and
+        row-major; ``tiled``: the codes are held tiled for the C kernel (``row_tiles``)."""
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
         self.names = list(packed)
+        self.tiled = tiled
+        if tiled:
+            packed = dict(packed, codes=row_tiles.tiled(packed["codes"]))
         for name, t in packed.items():
             self.register_buffer(name, t)
         self.bias = frozen_bias(bias)
@@ -88,17 +92,22 @@ class HeldLinear(nn.Module):
         """How the scales are held (``nibble_forms.form``): fp32 but in a compact NibbleLinear."""
         return "fp32"
 
+    def untiled(self, packed: tuple) -> tuple:
+        """packed (this Linear's tensors, or the first rows of each) with the codes row-major: what the panel and
+        dequantize functions take."""
+        return (row_tiles.untiled(packed[0]), *packed[1:]) if self.tiled else packed
+
     def row_major(self) -> dict[str, torch.Tensor]:
-        """The held tensors by name, codes row-major where they are held tiled (``row_tiles``): what joins concatenate."""
-        return {name: getattr(self, name) for name in self.names}
+        """The held tensors by name, codes row-major: what joins concatenate."""
+        return dict(zip(self.names, self.untiled(self.packed)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.numel() // self.in_features
         if use_at(self.use_c, rows):
             return self.kernel(x, self.packed, self.bias)
         if use_at(self.use_panel, rows):
-            return self.panel(x, self.packed, self.bias)
-        weight = self.dequantize(self.packed, self.scratch.take(self.out_features * self.in_features))  # [O, I]
+            return self.panel(x, self.untiled(self.packed), self.bias)
+        weight = self.dequantize(self.untiled(self.packed), self.scratch.take(self.out_features * self.in_features))  # [O, I]
         return F.linear(x, weight, self.bias)
 
 
@@ -114,8 +123,7 @@ class NibbleLinear(HeldLinear):
         """packed: ``nibble_linear_cpu.pack``'s tensors by NAMES (several weights' rows may be joined, cpu_fusion.py)."""
         if int8_activations:
             packed = dict(zip(self.NAMES, nibble_forms.compact(tuple(packed[name] for name in self.NAMES))))
-            packed["codes"] = row_tiles.tiled(packed["codes"])
-        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=int8_activations)
         self.int8_activations = int8_activations
 
     @classmethod
@@ -148,13 +156,10 @@ class NibbleLinear(HeldLinear):
     def dequantize(self) -> Callable:
         return lambda packed, out=None: nibble_linear_cpu.dequantize(self.wide(packed), out)
 
-    def wide(self, packed: tuple) -> tuple:
-        """packed as ``nibble_linear_cpu.pack`` gives it: row-major codes, fp32 scales and offsets."""
-        codes, scales, offsets = packed
-        return nibble_forms.expanded((row_tiles.untiled(codes) if self.int8_activations else codes, scales, offsets))
-
-    def row_major(self) -> dict[str, torch.Tensor]:
-        return dict(super().row_major(), codes=row_tiles.untiled(self.codes) if self.int8_activations else self.codes)
+    @staticmethod
+    def wide(packed: tuple) -> tuple:
+        """Row-major packed as ``nibble_linear_cpu.pack`` gives it: fp32 scales and offsets."""
+        return nibble_forms.expanded(packed)
 
 
 class GgufHeldLinear(HeldLinear):
@@ -182,8 +187,8 @@ class ByteLinear(GgufHeldLinear):
     NAMES = ("codes", "scales")  # [O, I] int8, [O, G] fp32
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
-        """packed: row-major codes and their scales by NAMES (the codes held tiled, ``row_tiles``)."""
-        super().__init__(dict(packed, codes=row_tiles.tiled(packed["codes"])), *packed["codes"].shape, bias, scratch)
+        """packed: row-major codes and their scales by NAMES (the codes held tiled)."""
+        super().__init__(packed, *packed["codes"].shape, bias, scratch, tiled=True)
 
     @property
     def kernel(self) -> Callable:
@@ -191,10 +196,7 @@ class ByteLinear(GgufHeldLinear):
 
     @property
     def dequantize(self) -> Callable:
-        return lambda packed, out=None: byte_q8_cpu.dequantize((row_tiles.untiled(packed[0]), packed[1]), out)
-
-    def row_major(self) -> dict[str, torch.Tensor]:
-        return dict(super().row_major(), codes=row_tiles.untiled(self.codes))
+        return byte_q8_cpu.dequantize
 
 
 class FiveLinear(GgufHeldLinear):
@@ -203,9 +205,8 @@ class FiveLinear(GgufHeldLinear):
     NAMES = ("codes", "scales", "high")  # [O, I/2] uint8, [O, I/32] fp16, [O, I/8] uint8
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
-        """packed: ``nibble_five.pack``'s tensors by NAMES, row-major (held tiled, ``row_tiles``)."""
-        packed = dict(packed, codes=row_tiles.tiled(packed["codes"]))
-        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch)
+        """packed: ``nibble_five.pack``'s tensors by NAMES, row-major (the codes held tiled)."""
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=True)
 
     @property
     def form(self) -> str:
@@ -217,10 +218,7 @@ class FiveLinear(GgufHeldLinear):
 
     @property
     def dequantize(self) -> Callable:
-        return lambda packed, out=None: nibble_five.dequantize((row_tiles.untiled(packed[0]), *packed[1:]), out)
-
-    def row_major(self) -> dict[str, torch.Tensor]:
-        return dict(super().row_major(), codes=row_tiles.untiled(self.codes))
+        return nibble_five.dequantize
 
     def as_bytes(self) -> ByteLinear:
         """The same weight a byte a code (to join a wider type's Linear, cpu_fusion)."""

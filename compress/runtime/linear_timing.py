@@ -42,7 +42,8 @@ def candidates(group: Group, rows: int) -> dict[str, Callable[[], object]]:
         return runs
     packs = rotation([m.packed for m in group.modules], out_features, in_features, rows, lambda p, k: tuple(t[:k] for t in p))
     scratch = torch.empty(packs[0][0].shape[0] * in_features)
-    runs = {C: lambda: [first.kernel(x, p) for p in packs], TORCH: lambda: [F.linear(x, first.dequantize(p, scratch)) for p in packs]}
+    runs = {C: lambda: [first.kernel(x, p) for p in packs],
+            TORCH: lambda: [F.linear(x, first.dequantize(first.untiled(p), scratch)) for p in packs]}
     if first.panel_ready:
-        runs[PANEL] = lambda: [first.panel(x, p) for p in packs]
+        runs[PANEL] = lambda: [first.panel(x, first.untiled(p)) for p in packs]
     return runs
