@@ -42,21 +42,35 @@ def pack(codes: torch.Tensor, scale: torch.Tensor) -> Packed:
     if int(codes.min()) < 0 or int(codes.max()) > 31 or not torch.equal(scale.half().float(), scale.float()):
         raise ValueError("Q5_0 codes must lie in [0, 32) and their scales be fp16 values")
     q = codes.to(torch.uint8)
-    fifth = (q >> 4).view(out_features, -1, 2, 2, 16)  # [O, I/64, chunk, low|high nibble, j]
-    bits = fifth.transpose(2, 3).reshape(out_features, -1, 8, 8).to(torch.int32)  # [O, I/64, mask byte, bit]
-    high = (bits * BITS).sum(-1).to(torch.uint8).view(out_features, -1)  # [O, I/8]
-    return nibbles(q & 15), scale.half().contiguous(), high.contiguous()
+    return nibbles(q & 15), scale.half().contiguous(), plane(q >> 4).view(out_features, -1)
+
+
+def plane(bit: torch.Tensor) -> torch.Tensor:
+    """bit [O, I] (0 or 1 a code) -> uint8 [O, I/64, 8]: per 64 inputs the two masks the kernel reads (bit k of the
+    first: the code in byte k's low nibble of its 32-byte load; of the second: in its high nibble)."""
+    out_features = bit.shape[0]
+    per_load = bit.view(out_features, -1, 2, 2, 16)  # [O, I/64, chunk, low|high nibble, j]
+    bits = per_load.transpose(2, 3).reshape(out_features, -1, 8, 8).to(torch.int32)  # [O, I/64, mask byte, bit]
+    return (bits * BITS).sum(-1).to(torch.uint8).contiguous()
+
+
+def plane_bits(masks: torch.Tensor) -> torch.Tensor:
+    """``plane``'s inverse: masks uint8 [O, I/8] -> int16 [O, I], 0 or 1 a code, inputs in order."""
+    out_features = masks.shape[0]
+    bits = (masks.view(out_features, -1, 8, 1).to(torch.int32) & BITS).ne(0)  # [O, I/64, mask byte, bit]
+    return bits.view(out_features, -1, 2, 2, 16).transpose(2, 3).reshape(out_features, -1).to(torch.int16)
+
+
+def low_codes(low: torch.Tensor) -> torch.Tensor:
+    """Nibbles [O, I/2] as ``nibbles`` lays them out -> int16 [O, I], inputs in order."""
+    halves = low.view(low.shape[0], -1, 1, 16)  # [O, I/32, 1, 16]
+    return torch.cat([halves & 15, halves >> 4], dim=2).view(low.shape[0], -1).to(torch.int16)  # [O, I/32, nibble, 16]
 
 
 def signed_codes(packed: Packed) -> torch.Tensor:
     """int8 [O, I] q - 16: ggml's signed codes, as ``byte_q8_cpu`` holds them."""
     low, _, high = packed
-    out_features = low.shape[0]
-    halves = low.view(out_features, -1, 1, 16)  # [O, I/32, 1, 16]
-    q = torch.cat([halves & 15, halves >> 4], dim=2)  # [O, I/32, low|high nibble, 16]: inputs in order
-    bits = (high.view(out_features, -1, 8, 1).to(torch.int32) & BITS).ne(0)  # [O, I/64, mask byte, bit]
-    fifth = bits.view(out_features, -1, 2, 2, 16).transpose(2, 3)  # [O, I/64, chunk, nibble, j]
-    return (q.view(fifth.shape).to(torch.int16) + 16 * fifth - 16).to(torch.int8).view(out_features, -1)
+    return (low_codes(low) + 16 * plane_bits(high) - 16).to(torch.int8)
 
 
 def dequantize(packed: Packed, out: torch.Tensor | None = None) -> torch.Tensor:

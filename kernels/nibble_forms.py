@@ -12,6 +12,7 @@ from compress.kernels.sub_scales import factor
 
 
 FIVE = "fp16 5-bit"  # nibble_five's Q5_0: fp16 scales and a plane of fifth bits in the offsets' place, w = s (q - 16)
+SIX = "6-bit super-block"  # nibble_six's Q6_K: int8 sub-scales and a unit per super-block, two planes of bits, w = s (q - 32)
 # scales uint8 [O, G, 2]: (k of the scale, k of the offset) per group; offsets fp32 [O, G/8, 2]: their units per 8 groups
 SUPER = "super-block"
 SUPER_GROUPS = 8  # groups of 32 per super-block (Q4_K's 256 weights)
@@ -19,11 +20,11 @@ SUPER_GROUPS = 8  # groups of 32 per super-block (Q4_K's 256 weights)
 
 def form(packed: Packed) -> str:
     """How packed holds its scales and offsets: "fp32" (``pack``), or as ``compact`` makes them "fp16" or
-    "fp16 symmetric" (no offsets: w = s (q - 8)) or SUPER; or FIVE."""
+    "fp16 symmetric" (no offsets: w = s (q - 8)) or SUPER; or FIVE or SIX."""
     if packed[1].dtype == torch.float32:
         return "fp32"
     if packed[2].dtype == torch.uint8:
-        return FIVE
+        return SIX if packed[1].dtype == torch.uint8 else FIVE
     if packed[1].dtype == torch.uint8:
         return SUPER
     return "fp16" if packed[2].numel() else "fp16 symmetric"
@@ -72,7 +73,7 @@ def expanded(packed: Packed) -> Packed:
     if scales.dtype == torch.float32:
         return packed
     if offsets.dtype == torch.uint8:
-        raise ValueError("5-bit codes have no 4-bit fp32 form: nibble_five.dequantize widens them")
+        raise ValueError("5- and 6-bit codes have no 4-bit fp32 form: nibble_five / nibble_six.dequantize widen them")
     if scales.dtype == torch.uint8:
         units = offsets.repeat_interleave(SUPER_GROUPS, dim=1)  # [O, G, 2]
         wide = units * scales.float()  # exactly the products compact() took apart

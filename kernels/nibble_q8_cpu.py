@@ -20,7 +20,7 @@ x's int8 copy is laid out to match a code row's 32-byte loads (``nibble_linear_c
 inputs, byte j < 16 of chunk c holds q[32c + j] in its low nibble and q[32c + 16 + j] in its high one,
 so the low nibbles of 32 bytes are inputs 0-15 and 32-47, the high ones 16-31 and 48-63.
 I must be a multiple of 64, the group size 32 (two groups per load: a lane-wise scale) or a multiple of 64
-(``supports``).
+(``supports``), or 16 in the 6-bit super-block form (``nibble_six``: the two nibbles' dot products apart).
 """
 
 import ctypes
@@ -31,12 +31,13 @@ import torch
 from compress.kernels import cpu_build, row_tiles
 from compress.kernels.nibble_forms import check_form, form
 from compress.kernels.nibble_linear_cpu import Packed, call
+from compress.kernels.nibble_q8_dots import DOTS
 from compress.kernels.nibble_q8_forms import FORMS
 
 BLOCK = 64  # inputs per 32-byte load of codes (x's int8 scales are per 32 of them)
 # How a packed weight holds its scales and offsets (``form``) -> the C entry that reads it
 ENTRIES = {"fp32": "linear", "fp16": "linear_f16", "fp16 symmetric": "linear_sym", "fp16 5-bit": "linear_five",
-           "super-block": "linear_super"}
+           "super-block": "linear_super", "6-bit super-block": "linear_six"}
 
 SOURCE = r"""
 #include <stdlib.h>
@@ -65,58 +66,11 @@ int available(void) { return HAVE_Q8; }
 #else
 #define QRN 2
 #endif
-#define QPF 16  /* the 5-bit plane's rows prefetched this far ahead (row-major; the codes are tiled, row_tiles.py) */
+#define QPF 16  /* the 5- and 6-bit planes' rows prefetched this far ahead (row-major; the codes are tiled, row_tiles.py) */
 #define QRM 4
-""" + FORMS + r"""
+""" + FORMS + DOTS + r"""
 /* 0 none, 1 AVX2 maddubs, 2 AVX-VNNI, 3 AVX512-VNNI: what this build's integer dot product is. */
 int dot_isa(void) { return ISA; }
-
-/* Row r of x [M, I] -> xi (I bytes, each block of 64 as [low-nibble inputs 32 | high-nibble inputs 32]),
-   d [I/64 * 8] (per block of 64: lanes 0-3 the step of its inputs 0-31, lanes 4-7 of 32-63, as the dot
-   product's lanes are laid out) and sums [G]: the sums over each group of gs inputs of x as rounded. */
-static void quantize_row(const float *x, signed char *xi, float *d, float *sums, int I, int G, int gs) {
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    for (int g = 0; g < G; g++) sums[g] = 0.f;
-    for (int c = 0; c < I / 32; c++) {  /* vectors: one float at a time this was ~1.5 % of a decode step, run alone */
-        __m256 v[4], top = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 32 * c + 8 * k);
-            top = _mm256_max_ps(top, _mm256_and_ps(v[k], magnitude));
-        }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-        const float step = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
-        for (int l = 0; l < 4; l++) d[(c / 2) * 8 + (c % 2) * 4 + l] = step;
-        __m256i q[4];  /* round to nearest even, as lrintf */
-        for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(inv)));
-        /* packs work within 128-bit lanes: permute back to input order; |q| <= 127, nothing saturates */
-        const __m256i lo = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[0], q[1]), 0xD8);  /* inputs 0-15, int16 */
-        const __m256i hi = _mm256_permute4x64_epi64(_mm256_packs_epi32(q[2], q[3]), 0xD8);  /* inputs 16-31 */
-        const __m256i bytes = _mm256_permute4x64_epi64(_mm256_packs_epi16(lo, hi), 0xD8);   /* 0-15 | 16-31 */
-        /* chunk c of its block: low nibbles' inputs at bytes 16 (c % 2) + j, high ones' 32 further */
-        signed char *o = xi + 64 * (c / 2) + 16 * (c % 2);
-        _mm_storeu_si128((__m128i *)o, _mm256_castsi256_si128(bytes));
-        _mm_storeu_si128((__m128i *)(o + 32), _mm256_extracti128_si256(bytes, 1));
-        const __m256i t = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(t), _mm256_extracti128_si256(t, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        sums[c * 32 / gs] += step * (float)_mm_cvtsi128_si32(s4);
-    }
-}
-
-/* 8 int32 lanes summing to (codes . xi) over one block of 64: lo/hi the codes' nibbles as bytes. */
-static inline __m256i block_dot(__m256i lo, __m256i hi, const signed char *xi) {
-    const __m256i xl = _mm256_loadu_si256((const __m256i *)xi), xh = _mm256_loadu_si256((const __m256i *)(xi + 32));
-#if ISA >= 2
-    return DOT(DOT(_mm256_setzero_si256(), lo, xl), hi, xh);
-#else
-    /* u8 x s8 pairs summed to int16: at most 2 * 31 * 127 each (5-bit codes), twice that after the add: no overflow */
-    const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh));
-    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-#endif
-}
 
 /* y[r, n] for r < rm rows of quantized x and n < rn rows of W from row 0 of q/sc/of; rows of y ys apart. The codes
    are tiled (row_tiles.py): block b of row n at q + 32 (b tr + n), tr the rows of its tile of 4. */
@@ -132,6 +86,7 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
     for (int b = 0; b < P; b++) {
         const int g = b * 64 / gs;
         if (fmt == FIVE && (b & 7) == 0) prefetch_rows((const unsigned char *)of + 8 * b, I / 8, rn, QPF);
+        if (fmt == SIX && (b & 3) == 0) prefetch_rows((const unsigned char *)of + 16 * b, I / 4, rn, QPF);
         for (int n = 0; n < rn; n++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * ((size_t)b * tr + n)));
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
@@ -139,6 +94,22 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
                 const unsigned char *h = (const unsigned char *)of + (size_t)n * (I / 8) + 8 * b;
                 lo = _mm256_or_si256(lo, fifth_bits(h));
                 hi = _mm256_or_si256(hi, fifth_bits(h + 4));
+            }
+            if (fmt == SIX) {  /* of: 16 bytes per block of 64 (bit 4's masks, bit 5's); groups of 16 */
+                const unsigned char *h = (const unsigned char *)of + (size_t)n * (I / 4) + 16 * b;
+                const __m256i s0 = fifth_bits(h + 8), s1 = fifth_bits(h + 12);
+                lo = _mm256_or_si256(lo, _mm256_or_si256(fifth_bits(h), _mm256_add_epi8(s0, s0)));
+                hi = _mm256_or_si256(hi, _mm256_or_si256(fifth_bits(h + 4), _mm256_add_epi8(s1, s1)));
+                __m256 sl, sh;
+                six_scales((const unsigned char *)sc + n * scales_row_bytes(fmt, G, 0), b, &sl, &sh);
+                for (int r = 0; r < rm; r++) {
+                    __m256i dl, dh;
+                    half_dots(lo, hi, xi + (size_t)r * I + 64 * b, &dl, &dh);
+                    const __m256 dv = _mm256_loadu_ps(d + ((size_t)r * P + b) * 8);
+                    acc[r][n] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dl), dv), sl, acc[r][n]);
+                    acc[r][n] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(dh), dv), sh, acc[r][n]);
+                }
+                continue;
             }
             /* groups of 32 (llama.cpp's Q4_0/Q4_1 blocks): lanes 0-3 hold inputs of group 2b, lanes 4-7 of 2b + 1 */
             const __m256 sv = scale_vector(sc, of, (size_t)n * G + g, gs, fmt);
@@ -155,7 +126,8 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
         for (int n = 0; n < rn; n++) {
             __m256 a = acc[r][n];
             for (int g = 0; g < G8; g += 8)
-                a = _mm256_fmadd_ps(offsets8(sc, of, (size_t)n * G + g, fmt), _mm256_loadu_ps(sums + (size_t)r * G + g), a);
+                a = _mm256_fmadd_ps(fmt == SIX ? six_offsets8((const unsigned char *)sc + n * scales_row_bytes(fmt, G, 0), g)
+                                               : offsets8(sc, of, (size_t)n * G + g, fmt), _mm256_loadu_ps(sums + (size_t)r * G + g), a);
             const __m128 h = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
             const __m128 h2 = _mm_add_ps(h, _mm_movehl_ps(h, h));
             float out = _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
@@ -170,12 +142,13 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
 #define QFORM(f) QCASES(f, 1) QCASES(f, 2) QCASES(f, 3) QCASES(f, 4)
 static void any_qtile(const signed char *xi, const float *d, const float *sums, const unsigned char *q, const void *sc,
                       const void *of, float *y, int I, int G, int gs, int ys, int tr, int rm, int rn, int fmt) {
-    switch ((fmt * 8 + rm) * 8 + rn) { QFORM(F32) QFORM(F16) QFORM(SYM) QFORM(FIVE) QFORM(SUPER) }
+    switch ((fmt * 8 + rm) * 8 + rn) { QFORM(F32) QFORM(F16) QFORM(SYM) QFORM(FIVE) QFORM(SUPER) QFORM(SIX) }
 }
 
 /* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 32; 1 where a buffer could not be allocated. */
 static int run(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
                int M, int O, int I, int G, int threads, int fmt) {
+    if (fmt == SIX) G *= 16;  /* the caller counts super-blocks (the scales' shape[1]) */
     /* one row of x (decode) leaves registers for 4 rows of W a tile on AVX2 too */
     const int rnm = M == 1 ? 4 : QRN, gs = I / G, P = I / 64, blocks = (O + rnm - 1) / rnm, es = fmt == F32 ? 4 : 2;
     signed char *xi = malloc((size_t)M * I);
@@ -193,7 +166,7 @@ static int run(const float *x, const unsigned char *q, const void *sc, const voi
             for (int o = o0; o < o1; o += rnm) {
                 const int t0 = o - o % 4;  /* the first row of o's tile of 4 */
                 any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)t0 * (I / 2) + 32 * (o % 4),
-                          (const char *)sc + (size_t)o * G * es, (const char *)of + (size_t)o * offsets_row_bytes(fmt, I, G, es),
+                          (const char *)sc + o * scales_row_bytes(fmt, G, es), (const char *)of + (size_t)o * offsets_row_bytes(fmt, I, G, es),
                           y + (size_t)m * O + o, I, G, gs, O, O - t0 < 4 ? O - t0 : 4,
                           M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm, fmt);
             }
@@ -214,6 +187,8 @@ int linear_five(const float *x, const unsigned char *q, const void *sc, const vo
                 int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, FIVE); }
 int linear_super(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I,
                  int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, SUPER); }
+int linear_six(const float *x, const unsigned char *q, const void *sc, const void *of, float *y, int M, int O, int I,
+               int G, int threads) { return run(x, q, sc, of, y, M, O, I, G, threads, SIX); }
 #else
 int dot_isa(void) { return 0; }
 int linear(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
@@ -226,6 +201,8 @@ int linear_five(const float *x, const unsigned char *q, const void *sc, const vo
                 int M, int O, int I, int G, int threads) { return 2; }
 int linear_super(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
                  int M, int O, int I, int G, int threads) { return 2; }
+int linear_six(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
+               int M, int O, int I, int G, int threads) { return 2; }
 #endif
 """
 

@@ -15,7 +15,11 @@ FORMS = r"""
 /* SUPER: Q4_K's super-blocks, (k_scale, k_offset) bytes per group of 32 and fp32 (unit_scale, unit_offset) per 8
    groups (``nibble_forms``): 4.75 bits a weight. */
 #define SUPER 4
+/* SIX: Q6_K as ``nibble_six`` lays it out: nibbles, two planes of bit masks (bits 4 and 5) in the offsets' place, and
+   per super-block of 16 groups of 16 their int8 sub-scales then an fp32 unit; w = unit k (q - 32), 6.625 bits. */
+#define SIX 5
 #define ZERO(fmt) (fmt == FIVE ? -16.f : -8.f)
+#define SIX_BYTES 20  /* a SIX super-block's scale bytes */
 
 /* Bytes of a row's second array (``of``): offsets (F32, F16: es a group; SUPER: the row's units, two fp32 per 8
    groups), Q5_0's fifth bits (FIVE: a bit an input) or nothing (SYM). */
@@ -23,9 +27,38 @@ static inline size_t offsets_row_bytes(const int fmt, int I, int G, int es) {
     switch (fmt) {
     case SYM: return 0;
     case FIVE: return (size_t)I / 8;
+    case SIX: return (size_t)I / 4;
     case SUPER: return (size_t)G;
     default: return (size_t)G * es;
     }
+}
+
+/* Bytes of a row's scales (``sc``): es a group, SIX's 20 a super-block of 16 groups. */
+static inline size_t scales_row_bytes(const int fmt, int G, int es) {
+    return fmt == SIX ? (size_t)G / 16 * SIX_BYTES : (size_t)G * es;
+}
+
+/* A SIX row's scales of block b's four groups of 16 (s: the row's scale bytes): lo lanes 0-3 group 4b, 4-7 group
+   4b + 2 (the low nibbles' inputs 0-15 and 32-47), hi lanes the groups 4b + 1 and 4b + 3. */
+static inline __attribute__((always_inline)) void six_scales(const unsigned char *s, int b, __m256 *lo, __m256 *hi) {
+    const unsigned char *blk = s + (size_t)(b / 4) * SIX_BYTES;
+    int four;
+    float unit;
+    memcpy(&four, blk + 4 * (b % 4), sizeof four);
+    memcpy(&unit, blk + 16, sizeof unit);
+    const __m128 k = _mm_mul_ps(_mm_cvtepi32_ps(_mm_cvtepi8_epi32(_mm_cvtsi32_si128(four))), _mm_set1_ps(unit));
+    const __m256 k8 = _mm256_castps128_ps256(k);
+    *lo = _mm256_permutevar8x32_ps(k8, _mm256_setr_epi32(0, 0, 0, 0, 2, 2, 2, 2));
+    *hi = _mm256_permutevar8x32_ps(k8, _mm256_setr_epi32(1, 1, 1, 1, 3, 3, 3, 3));
+}
+
+/* 8 of a SIX row's offsets from group g (a multiple of 8): -32 times their scales */
+static inline __attribute__((always_inline)) __m256 six_offsets8(const unsigned char *s, int g) {
+    const unsigned char *blk = s + (size_t)(g / 16) * SIX_BYTES;
+    float unit;
+    memcpy(&unit, blk + 16, sizeof unit);
+    const __m256 k = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + g % 16))));
+    return _mm256_mul_ps(k, _mm256_set1_ps(-32.f * unit));
 }
 
 /* 32 bytes, 16 where bit k of the little-endian 32-bit mask at p is set, else 0: a code's fifth bit in place */

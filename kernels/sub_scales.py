@@ -7,14 +7,14 @@ their fp32 products (``GgufLinear``), 64 bits per 32 weights (6 bits a weight), 
 Holding the integers and one unit per super-block again (4.75 bits, ``nibble_forms``) needs no change to any file.
 
 How: each fp32 value is an integer times a power of two; written over the super-block's smallest power, the
-values are integers S (at most 2^30 when they span 2^6, as 6-bit sc do) and their greatest common divisor g gives
+values are integers S (at most 2^32 when they span 2^8, as 8-bit sc do) and their greatest common divisor g gives
 unit = g * 2^E, k = S / g; k fits a byte when the values came as d * sc (then k = sc / gcd(sc)). Sign: a super-block
 whose values are all <= 0 (minus the mins) takes a negative unit.
 """
 
 import torch
 
-SPAN = 30  # bits the integers S may take (int64 holds them and their products with 2^SPAN unit checks)
+SPAN = 32  # bits the integers S may take (int64 holds them and their products with 2^SPAN unit checks)
 
 
 def factor(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -39,4 +39,20 @@ def factor(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         return None
     unit = torch.ldexp(g.double(), torch.where(g > 0, low[:, 0], 0).double()).float() * sign  # [N]
     k = k.to(torch.uint8)
+    return (unit, k) if torch.equal(unit[:, None] * k.float(), values) else None
+
+
+def factor_signed(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """values [N, S] fp32 of either sign (a Q6_K super-block's d * sc, sc int8) -> (unit [N] fp32, k [N, S] int8) with
+    unit[:, None] * k == values in fp32, or None. The magnitudes are factored as ``factor``'s; a super-block whose k
+    reach +128 takes the negative unit (Q6_K's largest sub-scale is -128 times d)."""
+    parts = factor(values.abs())
+    if parts is None:
+        return None
+    unit, k = parts[0], parts[1].to(torch.int16) * torch.where(values < 0, -1, 1)  # [N], [N, S]
+    flip = (k > 127).any(1)  # [N]
+    unit, k = torch.where(flip, -unit, unit), torch.where(flip[:, None], -k, k)
+    if bool(((k > 127) | (k < -128)).any()):
+        return None
+    k = k.to(torch.int8)
     return (unit, k) if torch.equal(unit[:, None] * k.float(), values) else None

@@ -6,9 +6,10 @@ gguf_blocks keeps every step positive), so a file whose decoder Linears are all 
 compressed-tensors checkpoints holding the same codes and scales, and our 4-bit kernels then compute with the
 very numbers llama.cpp computes with. A file mixing the types gguf_blocks reads (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0)
 becomes one of GgufLinear's: ggml's own codes, scales (and Q4_1/Q4_K's offsets) per Linear, unpacked to a byte a
-weight on disk; the CPU runtime holds the 4-bit ones as nibbles and the wider ones as bytes (runtime/cpu_linears.py).
+weight on disk, and so does an untied output layer of those types; the CPU runtime holds them in the file's own bits
+(runtime/cpu_linears.py).
 A file with any other Linear type (F16, F32, IQ*, Q2_K, ...) is dequantized to fp32 by transformers' reader. The
-embedding, norms and output layer are dequantized in every case.
+embedding and norms are dequantized in every case, the output layer everywhere else.
 
 Where the codes are kept and the family is one we write (family.py), the file is read block by block from its
 memory map (tensors.py) and written as each block is read, so an 8B file is never held whole; transformers'
@@ -99,8 +100,14 @@ def stream_codes(gguf_path: Path, out_dir: Path) -> dict | None:
     if types is None:
         return None
     kinds = sorted(set(types.values()))
-    spec, make = (Q4_0, q4_0_linear) if kinds == ["Q4_0"] else (GgufSpec(types), gguf_linear)
     lazy.attach(model, None, src.reader)
+    if kinds == ["Q4_0"]:
+        spec, make = Q4_0, q4_0_linear
+    else:
+        if not model.cfg.tie_word_embeddings and src.kind("lm_head.weight") in TYPES:  # the output layer's codes too
+            types["lm_head"] = src.kind("lm_head.weight")
+            model.lm_head = gguf_linear(src, "lm_head", model.lm_head)
+        spec, make = GgufSpec(types), gguf_linear
     writer = QuantizedWriter(out_dir, model, spec, "compressed-tensors", torch.float32, None)
     for i in tqdm(range(model.cfg.num_layers), desc=f"reading {Path(gguf_path).name}", unit="block"):
         writer.block(i, read_block(src, model, i, make))

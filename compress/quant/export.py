@@ -179,6 +179,8 @@ def open_quantized(model_dir: Path) -> Decoder:
     model = lazy.skeleton(ModelConfig.from_hf(raw))
     for i, block in enumerate(model.model.layers):
         swap_linears(block, lambda name, lin: empty_module(spec, lin, f"model.layers.{i}.{name}", ckpt))
+    if isinstance(spec, GgufSpec) and "lm_head" in spec.types:  # a GGUF's output layer read keeping its codes
+        model.lm_head = empty_module(spec, model.lm_head, "lm_head", ckpt)
     model = lazy.attach(model, ckpt)
     load.check_names(model, ckpt)
     return model

@@ -137,7 +137,8 @@ class Fp8Linear(nn.Module):
 
 @dataclass(frozen=True)
 class GgufSpec:
-    """A GGUF file read keeping its codes (compress.gguf.reader): each decoder Linear's ggml block type by full name."""
+    """A GGUF file read keeping its codes (compress.gguf.reader): each decoder Linear's ggml block type by full name
+    (and "lm_head"'s where an untied output layer kept its codes)."""
 
     types: dict[str, str]
 

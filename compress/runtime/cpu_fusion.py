@@ -5,7 +5,7 @@ barrier. SmolLM2-135M: 7 kernel calls a block become 4; 30 blocks of one decode 
 instead of 7.3 at one thread (int8 activations, docs/results/speed.md). The joined weight holds the
 parts' rows in order, so ``split`` / ``chunk`` of its output gives the parts' outputs exactly.
 
-Only swapped Linears of one kind join (all CpuLinear, or all NibbleLinear / FiveLinear / ByteLinear with the same
+Only swapped Linears of one kind join (all CpuLinear, or all NibbleLinear / FiveLinear / SixLinear / ByteLinear with the same
 group size, activations and form of scales); a GGUF's Q5_0 q/k beside a Q8_0 v (Q4_K_M) are widened to bytes and
 join it as one ByteLinear, because the C decode step runs only blocks whose q/k/v are one Linear. Anything else (a
 Linear left to torch, a dequantized PackedLinear) stays as it is.
@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from compress.model.arch import MLP_NAMES
-from compress.runtime.cpu_modules import ByteLinear, CpuLinear, FiveLinear, NibbleLinear
+from compress.runtime.cpu_modules import ByteLinear, CpuLinear, FiveLinear, GgufHeldLinear, NibbleLinear
 
 # (the attribute of the joined Linear, the Linears a module reads one input with, the name a family that stores them
 # joined gives them: Phi-3's qkv_proj / gate_up_proj are taken over as they are). Every module of a block that declares
@@ -41,7 +41,7 @@ def joinable(parts: list[nn.Module]) -> bool:
     first = parts[0]
     same = all(type(p) is type(first) and p.in_features == first.in_features and (p.bias is None) == (first.bias is None)
                for p in parts)
-    if not same or not isinstance(first, (CpuLinear, NibbleLinear, FiveLinear, ByteLinear)):
+    if not same or not isinstance(first, (CpuLinear, NibbleLinear, GgufHeldLinear)):
         return False
     return isinstance(first, CpuLinear) or all(
         (p.group_size, p.int8_activations, p.form) == (first.group_size, first.int8_activations, first.form) for p in parts)
@@ -53,7 +53,7 @@ def joined(parts: list[nn.Module]) -> nn.Module:
     if isinstance(first, CpuLinear):
         return CpuLinear(torch.cat([p.weight.detach() for p in parts]), _bias(parts))  # [sum O, I]
     packed = {name: torch.cat([p.row_major()[name] for p in parts]) for name in type(first).NAMES}  # every part's rows, in order
-    if isinstance(first, (ByteLinear, FiveLinear)):
+    if isinstance(first, GgufHeldLinear):
         return type(first)(packed, _bias(parts), first.scratch)
     return NibbleLinear(packed, _bias(parts), first.scratch, first.int8_activations)
 

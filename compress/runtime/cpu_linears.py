@@ -19,10 +19,12 @@ Memory each holds:
   ``nibble_forms.compact``).
 - a GGUF read keeping its codes (``GgufLinear``): its 4-bit types (Q4_0, Q4_1, Q4_K) as NibbleLinears with their
   offsets; its Q5_0 as ``FiveLinear``: the file's own 5.5 bits a weight, low nibbles, a plane of fifth bits and fp16
-  scales (``kernels/nibble_five.py``); its 6- and 8-bit ones (Q6_K, Q8_0), and a Q5_0 of inputs not a multiple of 64
-  or joined to one of those (cpu_fusion), as ``ByteLinear``: ggml's signed codes a byte each and an fp32 scale per
-  group of 16 or 32 (``kernels/byte_q8_cpu.py``), all with int8 activations as llama.cpp; with activation
-  quantization off those are dequantized into CpuLinears.
+  scales (``kernels/nibble_five.py``); its Q6_K as ``SixLinear``: 6.625 bits a weight, low nibbles, two planes of
+  bits, int8 sub-scales and an fp32 unit per super-block (``kernels/nibble_six.py``); its Q8_0, and a Q5_0 of inputs
+  not a multiple of 64 or joined to one of those (cpu_fusion), or a Q6_K whose scales do not factor, as
+  ``ByteLinear``: ggml's signed codes a byte each and an fp32 scale per group of 16 or 32
+  (``kernels/byte_q8_cpu.py``), all with int8 activations as llama.cpp; with activation quantization off those are
+  dequantized into CpuLinears.
 - an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
   a quarter of fp32's bytes; a tied embedding keeps its own fp32 table for the lookup.
 A PackedLinear the 4-bit kernel cannot run (no compiler, scales not fp32, groups not a multiple of 32)
@@ -35,10 +37,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_five, nibble_linear_cpu, nibble_q8_cpu
+from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_five, nibble_linear_cpu, nibble_q8_cpu, nibble_six
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_modules import (ByteLinear, CpuLinear, FiveLinear, HeldLinear, Int8Linear, NibbleLinear, Scratch,
-                                          frozen_bias)
+                                          SixLinear, frozen_bias)
 from compress.runtime.kernel_choice import C, FUSE_MARGIN, PANEL, TORCH, Plan
 
 
@@ -69,6 +71,10 @@ def swap_gguf(m: GgufLinear, scratch: Scratch, int8_activations: bool) -> nn.Mod
     elif int8_activations and m.kind == "Q5_0" and nibble_five.supports(m.in_features):
         packed = nibble_five.pack(m.weight_codes.to(torch.int16) + 16, scale)
         return FiveLinear(dict(zip(FiveLinear.NAMES, packed)), m.bias, scratch)
+    elif int8_activations and m.kind == "Q6_K" and nibble_six.supports(m.in_features) and (
+            scales := nibble_six.super_scales(scale)) is not None:
+        packed = nibble_six.pack(m.weight_codes + 32, scales)  # q in [0, 64): int8 holds it
+        return SixLinear(dict(zip(SixLinear.NAMES, packed)), m.bias, scratch)
     elif int8_activations and byte_q8_cpu.supports(scale, m.in_features):
         return ByteLinear({"codes": m.weight_codes.contiguous(), "scales": scale}, m.bias, scratch)
     weight = m.dequantized()
@@ -97,6 +103,8 @@ def op_of(m: nn.Module) -> str:
         kind = f" 8-bit codes g{m.group_size} int8 activations"
     elif isinstance(m, FiveLinear):
         kind = f" 5-bit g{m.group_size} int8 activations fp16 scales"
+    elif isinstance(m, SixLinear):
+        kind = f" 6-bit g{m.group_size} int8 activations super-block scales"
     else:
         kind = " int8 rows" if isinstance(m, Int8Linear) else " fp32"
     return f"linear {m.out_features}x{m.in_features}{kind}"
@@ -166,13 +174,16 @@ def lm_head_int8(m: nn.Module, scratch: Scratch) -> Int8Linear | None:
 def cpu_linears(model: nn.Module, lm_head: str = "stored", int8_activations: bool = False) -> Swapped:
     """Swap every Linear and int4/int3 PackedLinear (see the module doc) in place, grouped by shape;
     each runs torch's kernel (fp32) or the C one (int4/int3) until its group gets a Plan.
-    lm_head "int8": the lm_head is held as int8 per row (a tied embedding keeps its own table);
+    lm_head "int8": the lm_head is held as int8 per row (a tied embedding keeps its own table), or, a GGUF's with its
+    codes kept and int8_activations, as the file's codes;
     int8_activations: int4 Linears round their inputs to int8 (``nibble_q8_cpu``) where the CPU can."""
     swapped, scratch = Swapped(), Scratch()
     # Names, not modules: a list of the old modules would keep every one alive until the last is swapped.
     for name in [name for name, m in model.named_modules() if type(m) in (nn.Linear, PackedLinear, GgufLinear)]:
         m = model.get_submodule(name)
-        new = (lm_head == "int8" and name == "lm_head" and lm_head_int8(m, scratch)) or swap_one(m, scratch, int8_activations)
+        # a GGUF's output layer read keeping its codes runs them, as llama.cpp does, where x is rounded to int8 anyway
+        as_int8 = lm_head == "int8" and name == "lm_head" and not (int8_activations and isinstance(m, GgufLinear))
+        new = (as_int8 and lm_head_int8(m, scratch)) or swap_one(m, scratch, int8_activations)
         if new is None:
             continue
         parent, _, attr = name.rpartition(".")

@@ -1,5 +1,5 @@
 """The modules the CPU path runs a Linear as (swapped in by ``cpu_linears``): ``CpuLinear`` over an fp32 weight,
-``HeldLinear`` s over a compressed one (``NibbleLinear``, ``FiveLinear``, ``ByteLinear``, ``Int8Linear``), each calling, per its row
+``HeldLinear`` s over a compressed one (``NibbleLinear``, ``FiveLinear``, ``SixLinear``, ``ByteLinear``, ``Int8Linear``), each calling, per its row
 count, the C kernel, the panel GEMM or torch's GEMM over a dequantized ``Scratch`` (cpu_linears.py says what each
 holds in memory).
 """
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from compress.kernels import (byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_five, nibble_forms, nibble_linear_cpu, nibble_panel_cpu,
-                              nibble_q8_cpu, panel_cpu, row_tiles)
+                              nibble_q8_cpu, nibble_six, panel_cpu, row_tiles)
 
 
 def frozen_bias(bias: torch.Tensor | None) -> nn.Parameter | None:
@@ -224,6 +224,32 @@ class FiveLinear(GgufHeldLinear):
         """The same weight a byte a code (to join a wider type's Linear, cpu_fusion)."""
         packed = {"codes": nibble_five.signed_codes(tuple(self.row_major().values())), "scales": self.scales.float()}
         return ByteLinear(packed, self.bias, self.scratch)
+
+
+class SixLinear(GgufHeldLinear):
+    """A GGUF's Q6_K Linear in its own 6.625 bits a weight (``nibble_six``), run by ``nibble_q8_cpu``."""
+
+    NAMES = ("codes", "scales", "high")  # [O, I/2] uint8, [O, I/256, 20] uint8, [O, I/4] uint8
+
+    def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
+        """packed: ``nibble_six.pack``'s tensors by NAMES, row-major (the codes held tiled)."""
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=True)
+
+    @property
+    def group_size(self) -> int:
+        return nibble_six.GROUP
+
+    @property
+    def form(self) -> str:
+        return nibble_forms.SIX
+
+    @property
+    def kernel(self) -> Callable:
+        return nibble_q8_cpu.unchecked
+
+    @property
+    def dequantize(self) -> Callable:
+        return nibble_six.dequantize
 
 
 class Int8Linear(HeldLinear):

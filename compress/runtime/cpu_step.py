@@ -9,7 +9,7 @@ same kernels, so the numbers are those of the module path except SiLU(gate) * up
 
 Which models: fp32 activations, every block's gate/up joined (``cpu_fusion``) and its q/k/v joined or three held
 Linears (a GGUF's types that join no Linear), all its Linears
-without bias, and either all held (``NibbleLinear``, ``FiveLinear``, ``ByteLinear``, each with its own kernel and group size: a
+without bias, and either all held (``NibbleLinear``, ``FiveLinear``, ``SixLinear``, ``ByteLinear``, each with its own kernel and group size: a
 GGUF's mixture of block types) or all fp32 ``CpuLinear`` (their plans run torch at 1-3 rows on the hosts measured so far, so for them the step runs at a few rows
 and up, where C was chosen), ``CpuRMSNorm`` norms, plain attention (no window or soft-cap), Llama's layout
 or Qwen3's (its per-head q/k norms run in the loop through the same rms_norm kernel), no mixture of experts
@@ -26,7 +26,7 @@ from compress.model.arch import Norms
 from compress.model.config import ModelConfig
 from compress.runtime.attention import AttentionMetadata
 from compress.runtime.cpu_linears import op_of
-from compress.runtime.cpu_modules import ByteLinear, CpuLinear, FiveLinear, NibbleLinear
+from compress.runtime.cpu_modules import ByteLinear, CpuLinear, GgufHeldLinear, NibbleLinear
 from compress.runtime.cpu_norms import CpuRMSNorm, use_c
 
 
@@ -62,7 +62,7 @@ def eligible(model: nn.Module) -> bool:
         return False
     linears = [m for b in model.model.layers for m in block_modules(b)[2:] if m is not None]
     norms = [m for b in model.model.layers for m in block_modules(b)[:2]] + [model.model.norm]
-    if not all(isinstance(m, (NibbleLinear, FiveLinear, ByteLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
+    if not all(isinstance(m, (NibbleLinear, GgufHeldLinear, CpuLinear)) and m.bias is None for m in linears) or not all(isinstance(m, CpuRMSNorm) for m in norms):
         return False
     return len({isinstance(m, CpuLinear) for m in linears}) == 1 and len({m.eps for m in norms}) == 1
 

@@ -16,7 +16,7 @@ from compress.models import load_model
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_fusion import join_projections
 from compress.runtime.cpu_linears import cpu_linears
-from compress.runtime.cpu_modules import ByteLinear, FiveLinear, NibbleLinear
+from compress.runtime.cpu_modules import ByteLinear, FiveLinear, NibbleLinear, SixLinear
 from tests.gguf.test_export import GEMMA2, IDS, source, write
 
 
@@ -71,14 +71,18 @@ def test_q4_k_m_file_keeps_ggml_s_codes_of_each_type(q4_k_m_gguf):
             assert torch.equal(m.dequantized(), unpermute_rows(want, heads) if heads else want)  # ggml's values exactly
     assert kinds == {(0, "attn_q"): "Q5_0", (0, "attn_v"): "Q5_0", (0, "ffn_down"): "Q4_K",
                      (1, "attn_q"): "Q5_0", (1, "attn_v"): "Q8_0", (1, "ffn_down"): "Q6_K"}
+    assert isinstance(model.lm_head, GgufLinear) and model.lm_head.kind == "Q8_0"  # the untied output layer's codes too
+    assert torch.equal(model.lm_head.dequantized(), stored["output.weight"].reshape(model.lm_head.weight_codes.shape))
     with torch.no_grad():
         ref = model(IDS)
         swapped = cpu_linears(model, int8_activations=True)  # as the engine holds them: nibbles and bytes
         join_projections(model)
         ours = model(IDS)
     held = {type(m) for g in swapped.groups for m in g.modules}
-    assert held >= {ByteLinear, FiveLinear, NibbleLinear} and swapped.dequantized == 0
+    assert held >= {ByteLinear, FiveLinear, NibbleLinear, SixLinear} and swapped.dequantized == 0
     assert isinstance(model.model.layers[0].self_attn.qkv, FiveLinear)  # all Q5_0: the file's 5.5 bits a weight
+    assert isinstance(model.model.layers[1].mlp.down_proj, SixLinear)  # Q6_K: its own 6.625 bits a weight
+    assert isinstance(model.lm_head, ByteLinear)  # Q8_0: its codes, not re-rounded to int8 rows
     assert isinstance(model.model.layers[1].self_attn.qkv, ByteLinear)  # Q5_0 q/k and a Q8_0 v: one byte-code Linear
     err = ((ours - ref).norm() / ref.norm()).item()
     assert err < 0.02  # only x's 8-bit rounding
@@ -99,10 +103,12 @@ def test_codes_are_read_block_by_block_never_through_a_whole_model(tmp_path, mon
     reader.convert(path, tmp_path / "ours")
     ours, theirs = ({k: v for f in sorted((tmp_path / d).glob("*.safetensors")) for k, v in load_file(f).items()}
                     for d in ("ours", "transformers"))
-    plain = [k for k in theirs if not k.endswith("proj.weight")]  # embedding, norms: dequantized alike, bit for bit
+    plain = [k for k in theirs if not k.endswith("proj.weight") and k != "lm_head.weight"]  # embedding, norms: bit for bit
     assert len(plain) >= 2 * 2 + 2, plain
     assert all(torch.equal(ours[k], theirs[k]) for k in plain), [k for k in plain if not torch.equal(ours[k], theirs[k])]
     assert ours["model.layers.0.self_attn.q_proj.weight_codes"].dtype == torch.int8  # Q5_0's signed codes
+    head = (ours["lm_head.weight_codes"].float().view(-1, 32) * ours["lm_head.weight_scale"].view(-1, 1)).view_as(theirs["lm_head.weight"])
+    assert "lm_head.weight" not in ours and torch.equal(head, theirs["lm_head.weight"])  # the Q8_0 output layer's codes
 
 
 def test_gemma2_file_keeps_its_codes_and_computes_as_transformers_reads_it(tmp_path, monkeypatch, smollm2_dir):

@@ -10,7 +10,7 @@ from compress.models import load_model
 from compress.runtime.config import EngineConfig
 from compress.quant.linear import GgufLinear
 from compress.runtime.cpu_linears import cpu_linears, op_of, swap_gguf
-from compress.runtime.cpu_modules import ByteLinear, FiveLinear, Int8Linear, NibbleLinear, Scratch
+from compress.runtime.cpu_modules import ByteLinear, FiveLinear, Int8Linear, NibbleLinear, Scratch, SixLinear
 from tests.runtime.test_model_runner import quantized_dir, set_kernel
 
 
@@ -114,3 +114,29 @@ def test_q5_0_is_held_in_its_own_5_5_bits_and_computes_as_the_byte_form():
     five.use_c = [False]  # torch's path: the dequantized weight, x not rounded
     torch.testing.assert_close(five(x), x @ m.dequantized().T, rtol=1e-5, atol=1e-5)
     assert relative_error(as_bytes(x), x @ m.dequantized().T) < 0.02
+
+
+def q6_k_linear(out_features: int, in_features: int, seed: int = 0) -> GgufLinear:
+    """A GGUF read's Q6_K Linear: signed codes q - 32 and d * sc per 16 (d fp16, sc int8)."""
+    g = torch.Generator().manual_seed(seed)
+    m = GgufLinear(in_features, out_features, "Q6_K", bias=False)
+    m.weight_codes.copy_(torch.randint(-32, 32, (out_features, in_features), generator=g))
+    d = (torch.randn(out_features, in_features // 256, 1, generator=g) * 0.001).half().float()
+    m.weight_scale.copy_((d * torch.randint(-128, 128, (out_features, in_features // 256, 16), generator=g)).view(out_features, -1))
+    return m
+
+
+@pytest.mark.skipif(nibble_q8_cpu.load() is None, reason="no int8-activation kernel here")
+def test_q6_k_is_held_in_its_own_bits_and_computes_as_the_byte_form():
+    m = q6_k_linear(40, 512)
+    held = swap_gguf(m, Scratch(), True)
+    assert isinstance(held, SixLinear) and op_of(held) == "linear 40x512 6-bit g16 int8 activations super-block scales"
+    assert sum(t.nbytes for t in held.packed) * 8 / m.weight_codes.numel() == 6.625  # from 10 as bytes
+    m.weight_scale[3, 5] += 1e-3  # a super-block that is no unit times int8s: a byte a code
+    assert isinstance(swap_gguf(m, Scratch(), True), ByteLinear)
+    m = q6_k_linear(40, 512)
+    as_bytes = ByteLinear({"codes": m.weight_codes.clone(), "scales": m.weight_scale.clone()}, None, Scratch())
+    x = torch.randn(6, 512)
+    torch.testing.assert_close(held(x), as_bytes(x), rtol=1e-5, atol=1e-5)  # the same integer products
+    held.use_c = [False]  # torch's path: the dequantized weight, x not rounded
+    torch.testing.assert_close(held(x), x @ m.dequantized().T, rtol=1e-5, atol=1e-5)
