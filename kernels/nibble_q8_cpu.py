@@ -66,7 +66,7 @@ int available(void) { return HAVE_Q8; }
 #else
 #define QRN 2
 #endif
-#define QPF 16  /* the 5- and 6-bit planes' rows prefetched this far ahead (row-major; the codes are tiled, row_tiles.py) */
+#define QPF 16  /* the 5-bit plane's rows prefetched this far ahead (row-major; the codes are tiled, row_tiles.py) */
 #define QRM 4
 """ + FORMS + DOTS + r"""
 /* 0 none, 1 AVX2 maddubs, 2 AVX-VNNI, 3 AVX512-VNNI: what this build's integer dot product is. */
@@ -86,7 +86,6 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
     for (int b = 0; b < P; b++) {
         const int g = b * 64 / gs;
         if (fmt == FIVE && (b & 7) == 0) prefetch_rows((const unsigned char *)of + 8 * b, I / 8, rn, QPF);
-        if (fmt == SIX && (b & 3) == 0) prefetch_rows((const unsigned char *)of + 16 * b, I / 4, rn, QPF);
         for (int n = 0; n < rn; n++) {
             const __m256i v = _mm256_loadu_si256((const __m256i *)(q + 32 * ((size_t)b * tr + n)));
             __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
@@ -95,11 +94,11 @@ static inline __attribute__((always_inline)) void qtile(const signed char *xi, c
                 lo = _mm256_or_si256(lo, fifth_bits(h));
                 hi = _mm256_or_si256(hi, fifth_bits(h + 4));
             }
-            if (fmt == SIX) {  /* of: 16 bytes per block of 64 (bit 4's masks, bit 5's); groups of 16 */
-                const unsigned char *h = (const unsigned char *)of + (size_t)n * (I / 4) + 16 * b;
-                const __m256i s0 = fifth_bits(h + 8), s1 = fifth_bits(h + 12);
-                lo = _mm256_or_si256(lo, _mm256_or_si256(fifth_bits(h), _mm256_add_epi8(s0, s0)));
-                hi = _mm256_or_si256(hi, _mm256_or_si256(fifth_bits(h + 4), _mm256_add_epi8(s1, s1)));
+            if (fmt == SIX) {  /* of: 32 bytes of crumbs per 2 blocks (2c, 2c + 1 at bits 0-3, 4-7), tiled as q; groups of 16 */
+                __m256i qh = _mm256_loadu_si256((const __m256i *)((const unsigned char *)of + 32 * ((size_t)(b / 2) * tr + n)));
+                if (b & 1) qh = _mm256_srli_epi16(qh, 4);  /* the upper byte's bits land in 4-7, masked off below */
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(3)), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(qh, _mm256_set1_epi8(12)), 2));
                 __m256 sl, sh;
                 six_scales((const unsigned char *)sc + n * scales_row_bytes(fmt, G, 0), b, &sl, &sh);
                 for (int r = 0; r < rm; r++) {
@@ -166,7 +165,7 @@ static int run(const float *x, const unsigned char *q, const void *sc, const voi
             for (int o = o0; o < o1; o += rnm) {
                 const int t0 = o - o % 4;  /* the first row of o's tile of 4 */
                 any_qtile(xi + (size_t)m * I, d + (size_t)m * P * 8, sums + (size_t)m * G, q + (size_t)t0 * (I / 2) + 32 * (o % 4),
-                          (const char *)sc + o * scales_row_bytes(fmt, G, es), (const char *)of + (size_t)o * offsets_row_bytes(fmt, I, G, es),
+                          (const char *)sc + o * scales_row_bytes(fmt, G, es), offsets_at(of, o, fmt, I, G, es),
                           y + (size_t)m * O + o, I, G, gs, O, O - t0 < 4 ? O - t0 : 4,
                           M - m < QRM ? M - m : QRM, o1 - o < rnm ? o1 - o : rnm, fmt);
             }

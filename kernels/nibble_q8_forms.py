@@ -15,22 +15,27 @@ FORMS = r"""
 /* SUPER: Q4_K's super-blocks, (k_scale, k_offset) bytes per group of 32 and fp32 (unit_scale, unit_offset) per 8
    groups (``nibble_forms``): 4.75 bits a weight. */
 #define SUPER 4
-/* SIX: Q6_K as ``nibble_six`` lays it out: nibbles, two planes of bit masks (bits 4 and 5) in the offsets' place, and
+/* SIX: Q6_K as ``nibble_six`` lays it out: nibbles, their top 2 bits as crumbs in the offsets' place, and
    per super-block of 16 groups of 16 their int8 sub-scales then an fp32 unit; w = unit k (q - 32), 6.625 bits. */
 #define SIX 5
 #define ZERO(fmt) (fmt == FIVE ? -16.f : -8.f)
 #define SIX_BYTES 20  /* a SIX super-block's scale bytes */
 
-/* Bytes of a row's second array (``of``): offsets (F32, F16: es a group; SUPER: the row's units, two fp32 per 8
-   groups), Q5_0's fifth bits (FIVE: a bit an input) or nothing (SYM). */
+/* Bytes of a row's second array (``of``) where it is row-major: offsets (F32, F16: es a group; SUPER: the row's units,
+   two fp32 per 8 groups), Q5_0's fifth bits (FIVE: a bit an input) or nothing (SYM). */
 static inline size_t offsets_row_bytes(const int fmt, int I, int G, int es) {
     switch (fmt) {
     case SYM: return 0;
     case FIVE: return (size_t)I / 8;
-    case SIX: return (size_t)I / 4;
     case SUPER: return (size_t)G;
     default: return (size_t)G * es;
     }
+}
+
+/* Row o's offsets (``of``): row-major, or SIX's crumbs tiled by 4 rows as the codes are (row_tiles.py) */
+static inline const char *offsets_at(const void *of, int o, const int fmt, int I, int G, int es) {
+    if (fmt == SIX) return (const char *)of + (size_t)(o - o % 4) * (I / 4) + 32 * (o % 4);
+    return (const char *)of + (size_t)o * offsets_row_bytes(fmt, I, G, es);
 }
 
 /* Bytes of a row's scales (``sc``): es a group, SIX's 20 a super-block of 16 groups. */

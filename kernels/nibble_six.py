@@ -1,7 +1,7 @@
 """llama.cpp's Q6_K held in its own bits for ``nibble_q8_cpu``'s "6-bit super-block" entry: each code's low 4 bits as
-``nibble_linear_cpu`` lays nibbles out, its bits 4 and 5 in two planes of bit masks (``nibble_five``'s), and per
-super-block of 256 inputs sixteen int8 sub-scales and one fp32 unit, w = unit k (q - 32), q in [0, 64). Imports only
-torch and the sibling kernels.
+``nibble_linear_cpu`` lays nibbles out, its bits 4 and 5 as 2-bit crumbs beside them (ggml's qh), and per super-block
+of 256 inputs sixteen int8 sub-scales and one fp32 unit, w = unit k (q - 32), q in [0, 64). Imports only torch and
+the sibling kernels.
 
 Why: held a byte a code with an fp32 scale per 16 (``byte_q8_cpu``, 10 bits a weight) a Q4_K_M file's Q6_K Linears
 (attn_v and ffn_down in about half the layers) read 1.5x their file's 6.56 bits a decode step; here 6.625.
@@ -10,7 +10,11 @@ Layout (``pack``), row-major like the weight:
   codes  uint8 [O, I/2]: the low nibbles, ``nibble_linear_cpu.nibbles``
   scales uint8 [O, I/256, 20]: per super-block its 16 sub-scales k (int8, one per 16 inputs) and the unit's fp32
          bytes; the sub-scales are the file's d * sc taken apart again exactly (``sub_scales.factor_signed``)
-  high   uint8 [O, I/4]: per 64 inputs 16 bytes: ``nibble_five.plane`` of bit 4 (8 bytes), then of bit 5
+  high   uint8 [O, I/4]: per 128 inputs (two 32-byte loads of codes, blocks 2c and 2c + 1) 32 bytes: byte j holds
+         the top 2 bits of the codes in byte j's low nibble (bits 0-1) and high nibble (bits 2-3) of block 2c, and
+         of block 2c + 1 (bits 4-5, 6-7): the kernel masks and shifts them into place. The runtime holds them tiled
+         by 4 rows as the codes (``row_tiles``): read row by row beside the tiled codes, they held the kernel to
+         ~20 GB/s on a host that reads ~30
 I must be a multiple of 256 (``supports``; a Q6_K tensor always is).
 """
 
@@ -18,7 +22,7 @@ import torch
 
 from compress.kernels import byte_q8_cpu, nibble_q8_cpu, row_tiles
 from compress.kernels.checks import check_bias
-from compress.kernels.nibble_five import low_codes, plane, plane_bits
+from compress.kernels.nibble_five import low_codes
 from compress.kernels.nibble_linear_cpu import Packed, nibbles
 from compress.kernels.sub_scales import factor_signed
 
@@ -26,6 +30,7 @@ SUPER = 256  # inputs per super-block
 GROUP = 16  # inputs per sub-scale
 SUB = SUPER // GROUP  # sub-scales per super-block
 BYTES = SUB + 4  # a super-block's scale bytes: the sub-scales, then the unit
+SHIFTS = torch.tensor([0, 2, 4, 6], dtype=torch.int32).view(1, 1, 2, 1, 2, 1)  # a crumb's place: 2 (2 block + nibble)
 ROWS = 4096  # rows packed at a time: an 8B model's output layer (151,936 x 4096) would take GBs of temporaries at once
 
 
@@ -69,16 +74,18 @@ def pack(codes: torch.Tensor, scales: torch.Tensor) -> Packed:
     for at in range(0, out_features, ROWS):
         q = codes[at:at + ROWS].to(torch.uint8)
         low[at:at + ROWS] = nibbles(q & 15)
-        high[at:at + ROWS] = torch.stack([plane((q >> 4) & 1), plane(q >> 5)], 2).view(len(q), -1)  # [R, I/64, bit 4 | 5, 8]
+        crumbs = (q >> 4).view(len(q), -1, 2, 2, 2, 16)  # [R, I/128, block, chunk, nibble, j]
+        shifted = crumbs.to(torch.int32) << SHIFTS  # at bits 2 (2 block + nibble)
+        high[at:at + ROWS] = shifted.sum((2, 4)).to(torch.uint8).view(len(q), -1)  # [R, I/128, chunk, j]: byte 16 chunk + j
     return low, scales.contiguous(), high
 
 
 def signed_codes(packed: Packed) -> torch.Tensor:
     """int8 [O, I] q - 32: ggml's signed codes, as ``byte_q8_cpu`` holds them."""
     low, _, high = packed
-    planes = high.view(high.shape[0], -1, 2, 8)  # [O, I/64, bit 4 | bit 5, 8]
-    fifth, sixth = (plane_bits(planes[:, :, j].reshape(high.shape[0], -1)) for j in (0, 1))
-    return (low_codes(low) + 16 * fifth + 32 * sixth - 32).to(torch.int8)
+    out_features = high.shape[0]
+    crumbs = (high.view(out_features, -1, 1, 2, 1, 16).to(torch.int32) >> SHIFTS) & 3  # [O, I/128, block, chunk, nibble, j]
+    return (low_codes(low) + 16 * crumbs.view(out_features, -1).to(torch.int16) - 32).to(torch.int8)
 
 
 def dequantize(packed: Packed, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -108,4 +115,4 @@ def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) ->
     if not supports(x.shape[-1]):
         raise ValueError("the 6-bit kernel needs an x86 CPU with AVX2 and a C compiler")
     low, scales, high = (t.contiguous() for t in packed)
-    return nibble_q8_cpu.unchecked(x, (row_tiles.tiled(low), scales, high), bias)
+    return nibble_q8_cpu.unchecked(x, (row_tiles.tiled(low), scales, row_tiles.tiled(high)), bias)

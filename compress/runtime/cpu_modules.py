@@ -66,15 +66,14 @@ class HeldLinear(nn.Module):
     # kernel and panel (x, packed, bias) -> y, dequantize (packed, out buffer) -> weight [O, I] fp32.
 
     def __init__(self, packed: dict[str, torch.Tensor], out_features: int, in_features: int, bias: torch.Tensor | None,
-                 scratch: Scratch, tiled: bool = False):
+                 scratch: Scratch, tiled: tuple[str, ...] = ()):
         """packed: the kernel's tensors in its order, by the buffer names they are held under, codes first and
-        row-major; ``tiled``: the codes are held tiled for the C kernel (``row_tiles``)."""
+        row-major; ``tiled``: the names of those held tiled for the C kernel (``row_tiles``)."""
         super().__init__()
         self.out_features, self.in_features = out_features, in_features
         self.names = list(packed)
         self.tiled = tiled
-        if tiled:
-            packed = dict(packed, codes=row_tiles.tiled(packed["codes"]))
+        packed = {name: row_tiles.tiled(t) if name in tiled else t for name, t in packed.items()}
         for name, t in packed.items():
             self.register_buffer(name, t)
         self.bias = frozen_bias(bias)
@@ -93,9 +92,9 @@ class HeldLinear(nn.Module):
         return "fp32"
 
     def untiled(self, packed: tuple) -> tuple:
-        """packed (this Linear's tensors, or the first rows of each) with the codes row-major: what the panel and
-        dequantize functions take."""
-        return (row_tiles.untiled(packed[0]), *packed[1:]) if self.tiled else packed
+        """packed (this Linear's tensors, or the first rows of each) row-major: what the panel and dequantize
+        functions take."""
+        return tuple(row_tiles.untiled(t) if name in self.tiled else t for name, t in zip(self.names, packed))
 
     def row_major(self) -> dict[str, torch.Tensor]:
         """The held tensors by name, codes row-major: what joins concatenate."""
@@ -123,7 +122,8 @@ class NibbleLinear(HeldLinear):
         """packed: ``nibble_linear_cpu.pack``'s tensors by NAMES (several weights' rows may be joined, cpu_fusion.py)."""
         if int8_activations:
             packed = dict(zip(self.NAMES, nibble_forms.compact(tuple(packed[name] for name in self.NAMES))))
-        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=int8_activations)
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch,
+                         tiled=("codes",) if int8_activations else ())
         self.int8_activations = int8_activations
 
     @classmethod
@@ -188,7 +188,7 @@ class ByteLinear(GgufHeldLinear):
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
         """packed: row-major codes and their scales by NAMES (the codes held tiled)."""
-        super().__init__(packed, *packed["codes"].shape, bias, scratch, tiled=True)
+        super().__init__(packed, *packed["codes"].shape, bias, scratch, tiled=("codes",))
 
     @property
     def kernel(self) -> Callable:
@@ -206,7 +206,7 @@ class FiveLinear(GgufHeldLinear):
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
         """packed: ``nibble_five.pack``'s tensors by NAMES, row-major (the codes held tiled)."""
-        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=True)
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=("codes",))
 
     @property
     def form(self) -> str:
@@ -229,11 +229,11 @@ class FiveLinear(GgufHeldLinear):
 class SixLinear(GgufHeldLinear):
     """A GGUF's Q6_K Linear in its own 6.625 bits a weight (``nibble_six``), run by ``nibble_q8_cpu``."""
 
-    NAMES = ("codes", "scales", "high")  # [O, I/2] uint8, [O, I/256, 20] uint8, [O, I/4] uint8
+    NAMES = ("codes", "scales", "high")  # [O, I/2] uint8, [O, I/256, 20] uint8, [O, I/4] uint8 (2-bit crumbs)
 
     def __init__(self, packed: dict[str, torch.Tensor], bias: torch.Tensor | None, scratch: Scratch):
-        """packed: ``nibble_six.pack``'s tensors by NAMES, row-major (the codes held tiled)."""
-        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=True)
+        """packed: ``nibble_six.pack``'s tensors by NAMES, row-major (the codes and their top bits held tiled)."""
+        super().__init__(packed, packed["codes"].shape[0], 2 * packed["codes"].shape[1], bias, scratch, tiled=("codes", "high"))
 
     @property
     def group_size(self) -> int:

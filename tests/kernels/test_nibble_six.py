@@ -1,4 +1,4 @@
-"""Q6_K held in 6.625 bits a weight (nibbles, two planes of bits, int8 sub-scales and a unit per super-block): its
+"""Q6_K held in 6.625 bits a weight (nibbles, 2-bit crumbs, int8 sub-scales and a unit per super-block): its
 layout against ggml's codes, and the int8-activation kernel's 6-bit entry against x rounded per block of 32 times the
 exact weight, in each x86 build."""
 
@@ -32,12 +32,14 @@ def weight(codes: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 
 def test_the_high_bits_sit_where_the_kernel_reads_them():
     codes = torch.zeros(1, 256, dtype=torch.int64)
-    codes[0, 16] = 16  # block 0, chunk 0, high nibble of byte 0: bit 4's second mask, bit 0
-    codes[0, 33] = 32  # chunk 1, low nibble of byte 17: bit 5's first mask, bit 17
-    codes[0, 64 + 63] = 63  # block 1, chunk 1, high nibble of byte 31: both planes' second masks, bit 31
+    codes[0, 16] = 16  # block 0, chunk 0, high nibble of byte 0: byte 0, crumb 1 (bits 2-3) = 1
+    codes[0, 33] = 32  # block 0, chunk 1, low nibble of byte 17: byte 17, crumb 0 = 2
+    codes[0, 64 + 63] = 63  # block 1, chunk 1, high nibble of byte 31: byte 31, crumb 3 (bits 6-7) = 3
+    codes[0, 128 + 64] = 48  # block 3 (the second pair's second), low nibble of byte 0: byte 32, crumb 2 = 3
     _, _, high = six.pack(codes, six.super_scales(torch.ones(1, 16)))
-    assert high[0, :32].tolist() == [0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 2, 0, 0, 0, 0, 0,
-                                     0, 0, 0, 0, 0, 0, 0, 128, 0, 0, 0, 0, 0, 0, 0, 128]
+    expected = [0] * 64
+    expected[0], expected[17], expected[31], expected[32] = 1 << 2, 2, 3 << 6, 3 << 4
+    assert high[0].tolist() == expected
 
 
 def test_codes_scales_and_weight_come_back_exactly():
