@@ -82,13 +82,22 @@ def check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
     low, scales, high = packed
     out_features, in_features = low.shape[0], 2 * low.shape[1]
     shapes = (scales.shape, high.shape) == ((out_features, in_features // GROUP), (out_features, in_features // 8))
-    if low.dim() != 2 or in_features % BLOCK or not shapes:
-        raise ValueError(f"packed shapes {[list(t.shape) for t in packed]} are not a Q5_0 weight: use pack()")
+    check_codes(x, packed, bias, "Q5_0", in_features % BLOCK == 0 and shapes, (torch.uint8, torch.float16, torch.uint8))
+
+
+def check_codes(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None, kind: str, shapes: bool,
+                dtypes: tuple[torch.dtype, ...]) -> None:
+    """The checks of a GGUF type's kernel entry (this one, ``nibble_six``'s): packed (nibbles [O, I/2], scales, bits)
+    of the ``kind`` whose shapes it found right, of ``dtypes``; x fp32 [..., I]; all on the CPU."""
+    low = packed[0]
+    out_features, in_features = low.shape[0], 2 * low.shape[1]
+    if low.dim() != 2 or not shapes:
+        raise ValueError(f"packed shapes {[list(t.shape) for t in packed]} are not a {kind} weight: use pack()")
     if x.shape[-1] != in_features:
         raise ValueError(f"x must end in {in_features} features, got shape {list(x.shape)}")
-    if x.dtype != torch.float32 or (low.dtype, scales.dtype, high.dtype) != (torch.uint8, torch.float16, torch.uint8):
-        raise ValueError(f"x must be torch.float32, codes and high bits torch.uint8 and scales torch.float16, got "
-                         f"{x.dtype}, {low.dtype}, {high.dtype}, {scales.dtype}")
+    if x.dtype != torch.float32 or tuple(t.dtype for t in packed) != dtypes:
+        raise ValueError(f"x must be torch.float32 and the packed tensors {', '.join(map(str, dtypes))}, got "
+                         f"{x.dtype}, {', '.join(str(t.dtype) for t in packed)}")
     if not (x.is_cpu and low.is_cpu):
         raise ValueError(f"x and the weight must be on the CPU, got {x.device} and {low.device}")
     check_bias(bias, out_features, torch.float32)

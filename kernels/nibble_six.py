@@ -21,8 +21,7 @@ I must be a multiple of 256 (``supports``; a Q6_K tensor always is).
 import torch
 
 from compress.kernels import byte_q8_cpu, nibble_q8_cpu, row_tiles
-from compress.kernels.checks import check_bias
-from compress.kernels.nibble_five import low_codes
+from compress.kernels.nibble_five import check_codes, low_codes
 from compress.kernels.nibble_linear_cpu import Packed, nibbles
 from compress.kernels.sub_scales import factor_signed
 
@@ -97,16 +96,7 @@ def check(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None) -> None:
     low, scales, high = packed
     out_features, in_features = low.shape[0], 2 * low.shape[1]
     shapes = (scales.shape, high.shape) == ((out_features, in_features // SUPER, BYTES), (out_features, in_features // 4))
-    if low.dim() != 2 or in_features % SUPER or not shapes:
-        raise ValueError(f"packed shapes {[list(t.shape) for t in packed]} are not a Q6_K weight: use pack()")
-    if x.shape[-1] != in_features:
-        raise ValueError(f"x must end in {in_features} features, got shape {list(x.shape)}")
-    if x.dtype != torch.float32 or {low.dtype, scales.dtype, high.dtype} != {torch.uint8}:
-        raise ValueError(f"x must be torch.float32 and the packed tensors torch.uint8, got {x.dtype}, "
-                         f"{low.dtype}, {scales.dtype}, {high.dtype}")
-    if not (x.is_cpu and low.is_cpu):
-        raise ValueError(f"x and the weight must be on the CPU, got {x.device} and {low.device}")
-    check_bias(bias, out_features, torch.float32)
+    check_codes(x, packed, bias, "Q6_K", in_features % SUPER == 0 and shapes, (torch.uint8,) * 3)
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:

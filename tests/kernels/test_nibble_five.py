@@ -78,5 +78,5 @@ def test_what_it_cannot_hold_or_run_is_refused():
     packed = five.pack(codes, d)
     with pytest.raises(ValueError, match="must end in 64"):
         five.linear(torch.randn(2, 32), packed)
-    with pytest.raises(ValueError, match="scales torch.float16"):
+    with pytest.raises(ValueError, match="packed tensors torch.uint8, torch.float16, torch.uint8"):
         five.linear(torch.randn(2, 64), (packed[0], packed[1].float(), packed[2]))
