@@ -2,7 +2,8 @@
 or fp16 scales and no offsets where each offset is -8 times its scale (llama.cpp's Q4_0), where fp16 holds every
 value exactly; or a K-quant's super-blocks (``SUPER``: Q4_K's 8-bit sub-scales and mins, one fp32 unit of each per 8
 groups of 32), made by ``compact`` and widened back to fp32 by ``expanded``. ``nibble_q8_cpu`` reads them all (one C
-entry each); the fp32 kernel and the panel GEMM read the fp32 form. Imports only torch and the sibling kernels.
+entry each, and Q5_0's and Q6_K's own layouts, ``FIVE`` / ``SIX``); the fp32 kernel and the panel GEMM read the fp32
+form. Imports only torch and the sibling kernels.
 """
 
 import torch

@@ -101,17 +101,16 @@ def stream_codes(gguf_path: Path, out_dir: Path) -> dict | None:
         return None
     kinds = sorted(set(types.values()))
     lazy.attach(model, None, src.reader)
-    if kinds == ["Q4_0"]:
-        spec, make = Q4_0, q4_0_linear
-    else:
-        if not model.cfg.tie_word_embeddings and src.kind("lm_head.weight") in TYPES:  # the output layer's codes too
-            types["lm_head"] = src.kind("lm_head.weight")
-            model.lm_head = gguf_linear(src, "lm_head", model.lm_head)
-        spec, make = GgufSpec(types), gguf_linear
+    head = kinds != ["Q4_0"] and not model.cfg.tie_word_embeddings and src.kind("lm_head.weight") in TYPES
+    if head:  # the output layer keeps its codes too
+        types["lm_head"] = src.kind("lm_head.weight")
+    spec, make = (Q4_0, q4_0_linear) if kinds == ["Q4_0"] else (GgufSpec(types), gguf_linear)
     writer = QuantizedWriter(out_dir, model, spec, "compressed-tensors", torch.float32, None)
     for i in tqdm(range(model.cfg.num_layers), desc=f"reading {Path(gguf_path).name}", unit="block"):
         writer.block(i, read_block(src, model, i, make))
         model.model.layers[i].to_empty(device="meta")  # the block's memory goes; the skeleton stays
+    if head:  # read last: held through the blocks, an 8B's would add 0.8 GB to the whole read
+        model.lm_head = gguf_linear(src, "lm_head", model.lm_head)
     writer.finish()
     return {"file": Path(gguf_path).name, "linears": ",".join(kinds), "output": src.kind("lm_head.weight")}
 

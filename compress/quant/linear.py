@@ -148,6 +148,9 @@ class GgufSpec:
             raise ValueError(f"GGUF types {unknown} are not kept as codes (kept: {', '.join(TYPES)})")
 
 
+ROWS = 4096  # a GGUF tensor's rows unpacked at a time
+
+
 class GgufLinear(nn.Module):
     """One ggml block type's numbers as ggml holds them, unpacked: w = s * codes (+ offset) per group.
 
@@ -171,11 +174,12 @@ class GgufLinear(nn.Module):
         t = TYPES[kind]
         in_features = raw.shape[1] // t.type_size * t.block
         new = cls(in_features, raw.shape[0], kind, bias is not None)
-        codes, scale, offset = gguf_blocks.native(t, raw, in_features)
-        new.weight_codes.copy_(codes)
-        new.weight_scale.copy_(scale)
-        if offset is not None:
-            new.weight_offset.copy_(offset)
+        for at in range(0, raw.shape[0], ROWS):  # an 8B output layer unpacked at once took GBs of temporaries
+            codes, scale, offset = gguf_blocks.native(t, raw[at:at + ROWS], in_features)
+            new.weight_codes[at:at + ROWS] = codes
+            new.weight_scale[at:at + ROWS] = scale
+            if offset is not None:
+                new.weight_offset[at:at + ROWS] = offset
         if bias is not None:
             new.bias.data.copy_(bias.detach())
         return new

@@ -15,7 +15,8 @@ LM_HEADS = (AUTO, "stored", "int8")  # CPU: the lm_head as the checkpoint stores
 # (Qwen3's and Gemma's large vocabularies on a laptop), else as stored. A tied one is the embedding's table: kept.
 LM_HEAD_SHARE = 0.1
 # A GGUF read keeping its codes (compress.json "gguf"): llama.cpp computes its quantized types on 8-bit activations
-# and reads a quantized output layer, so "auto" does the same there (int8 activations, int8 lm_head rows).
+# and reads a quantized output layer, so "auto" does the same there (int8 activations, int8 lm_head rows; an output
+# layer read keeping its codes runs those instead, cpu_linears).
 UNQUANTIZED_GGUF = ("F32", "F16", "BF16")
 
 

@@ -253,3 +253,14 @@ def test_subscales_nearest_the_top_lose_almost_nothing(lo, hi):
 
     every, near, few = err(None), err(32), err(2)
     assert every <= near <= 1.01 * every and few > 1.2 * near  # measured 1.000 and 1.004; with 2 steps 1.32-1.55
+
+
+@pytest.mark.parametrize("name", TYPES)
+def test_a_gguf_linear_unpacked_a_few_rows_at_a_time_holds_ggml_s_weight(name, monkeypatch):
+    from compress.quant import linear
+
+    t = TYPES[name]
+    raw = random_blocks(t, 10, 512, positive=not t.symmetric)
+    monkeypatch.setattr(linear, "ROWS", 4)  # 10 rows: two whole chunks and a short one
+    m = linear.GgufLinear.from_ggml(name, raw, None)
+    assert torch.equal(m.dequantized(), dequantize(t, raw, 512))
