@@ -12,7 +12,7 @@ from Python; only the residual adds and SiLU(gate) * up are computed here.
 Tables (int64, built once by the runtime): per block, ``PTRS`` entries: the two norm weights, then ``LINS`` per
 Linear, q/k/v (joined, or q alone), o, gate/up (joined), down, then k and v where the block's q/k/v are three Linears
 (a GGUF's Q4_K q/k beside a Q6_K v: types that join no Linear; k's entries 0 where joined): a held one's codes, scales, offsets (a Q5_0's plane of
-fifth bits, a Q6_K's two planes; 0 where its kernel takes none), its GEMM (``nibble_linear_cpu``'s or ``nibble_q8_cpu``'s ``linear``, ``byte_q8_cpu``'s ``step_linear``: one
+fifth bits, a Q6_K's top 2 bits, tiled; 0 where its kernel takes none), its GEMM (``nibble_linear_cpu``'s or ``nibble_q8_cpu``'s ``linear``, ``byte_q8_cpu``'s ``step_linear``: one
 calling convention) and its scales' second dimension (groups per row; a Q6_K's super-blocks), so a GGUF's mixture of block types runs in one loop; or the fp32 weight
 (the rest unused, ``dims[9]`` 1: every Linear fp32, ``fns[0]`` their ``linear_cpu`` GEMM); then the q and k norms'
 weights (Qwen3's RMSNorm over each head, applied where ``dims[10]`` is 1; unused otherwise). ``fns``: the fp32 GEMM

@@ -13,7 +13,7 @@ from compress.kernels.sub_scales import factor
 
 
 FIVE = "fp16 5-bit"  # nibble_five's Q5_0: fp16 scales and a plane of fifth bits in the offsets' place, w = s (q - 16)
-SIX = "6-bit super-block"  # nibble_six's Q6_K: int8 sub-scales and a unit per super-block, two planes of bits, w = s (q - 32)
+SIX = "6-bit super-block"  # nibble_six's Q6_K: int8 sub-scales and a unit per super-block, 2-bit crumbs, w = s (q - 32)
 # scales uint8 [O, G, 2]: (k of the scale, k of the offset) per group; offsets fp32 [O, G/8, 2]: their units per 8 groups
 SUPER = "super-block"
 SUPER_GROUPS = 8  # groups of 32 per super-block (Q4_K's 256 weights)

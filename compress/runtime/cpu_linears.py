@@ -19,8 +19,8 @@ Memory each holds:
   ``nibble_forms.compact``).
 - a GGUF read keeping its codes (``GgufLinear``): its 4-bit types (Q4_0, Q4_1, Q4_K) as NibbleLinears with their
   offsets; its Q5_0 as ``FiveLinear``: the file's own 5.5 bits a weight, low nibbles, a plane of fifth bits and fp16
-  scales (``kernels/nibble_five.py``); its Q6_K as ``SixLinear``: 6.625 bits a weight, low nibbles, two planes of
-  bits, int8 sub-scales and an fp32 unit per super-block (``kernels/nibble_six.py``); its Q8_0, and a Q5_0 of inputs
+  scales (``kernels/nibble_five.py``); its Q6_K as ``SixLinear``: 6.625 bits a weight, low nibbles, their top 2
+  bits as tiled crumbs, int8 sub-scales and an fp32 unit per super-block (``kernels/nibble_six.py``); its Q8_0, and a Q5_0 of inputs
   not a multiple of 64 or joined to one of those (cpu_fusion), or a Q6_K whose scales do not factor, as
   ``ByteLinear``: ggml's signed codes a byte each and an fp32 scale per group of 16 or 32
   (``kernels/byte_q8_cpu.py``), all with int8 activations as llama.cpp; with activation quantization off those are
