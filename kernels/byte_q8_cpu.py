@@ -1,6 +1,6 @@
 """y = x (s * C)^T on CPU for a weight held as signed 8-bit codes C [O, I] (one byte a weight) with one fp32 scale
-per group of 16, 32 or a multiple of 32 inputs, x rounded to int8 per block of 32 on the fly: integer dot
-products as llama.cpp's Q8_0 x Q8_0 path. Imports only torch, the standard library and the shared checks.
+per group of 16, 32 or a multiple of 32 inputs, x rounded to int8 on the fly as ggml rounds it (groups of 32, Q8_0:
+fp16 steps per 32 inputs; of 16, Q6_K: one step per 256): integer dot products as llama.cpp's Q8_0 x Q8_0 path. Imports only torch, the standard library and the shared checks.
 
 Why: llama.cpp's 5-, 6- and 8-bit block types (Q5_0, Q6_K, Q8_0, the wider half of a Q4_K_M file) are symmetric,
 w = d (q - 2^(bits-1)), so each is ggml's signed code times its block's (or sub-block's) scale; held as those
@@ -9,7 +9,7 @@ bytes a step). The codes are read whole bytes (not ggml's split low and high bit
 1.6x the bytes of a Q5_0 row.
 
 The arithmetic, per row r of x and row n of W, c over blocks of 32 inputs, g(c) their group(s):
-  x [r, 32c:32c+32] ~ d[r, c] * xi, xi int8 = round(x * 127 / max |x|), d = max |x| / 127
+  x [r, 32c:32c+32] ~ d[r, c] * xi, xi int8 = round(x * 127 / max |x|), d = max |x| / 127 (``quantize_row``)
   y[r, n] = sum_c d[r, c] * sum_{g in c} s[n, g] * (C . xi)_g
 that is ``reference.round_blocks_int8(x) @ (s * C)^T`` up to fp32 summation order. A signed x signed byte
 product has no x86 instruction below AVX-VNNI-INT8, so as ggml does: |C| (unsigned, <= 128) times x with C's sign.
@@ -30,7 +30,7 @@ Packed = tuple[torch.Tensor, torch.Tensor]  # (codes int8 [O, I], scales fp32 [O
 SOURCE = r"""
 #include <stdlib.h>
 #include <math.h>
-#if defined(__AVX2__)
+#if defined(__AVX2__) && defined(__F16C__)
 #include <immintrin.h>
 #define HAVE_Q8 1
 #else
@@ -51,17 +51,24 @@ int available(void) { return HAVE_Q8; }
 #endif
 #define QRM 4
 
-/* Row of x [I] -> xi [I] int8 and d [I/32]: the step of each block of 32. */
-static void quantize_row(const float *x, signed char *xi, float *d, int I) {
+/* Row of x [I] -> xi [I] int8 and d [I/32]: the step of each block of 32, as ggml takes it for the weight type: for
+   groups of 32 (Q8_0) max |x| / 127 rounded to fp16 (its Q8_0 activations), for groups of 16 (Q6_K) one step per 256
+   inputs, 1 / (127 / max |x|) (Q8_K); else max |x| / 127 per 32 in fp32. Codes round(x * 127 / max |x|) in each. */
+static void quantize_row(const float *x, signed char *xi, float *d, int I, int gs) {
+    const int span = gs == 16 && I % 256 == 0 ? 256 : 32;
+    float inv = 0.f, step = 0.f;
     for (int c = 0; c < I / 32; c++) {
         const float *xc = x + 32 * c;
-        float amax = 0.f;
-        for (int k = 0; k < 32; k++) {
-            const float a = fabsf(xc[k]);
-            amax = a > amax ? a : amax;
+        if ((32 * c) % span == 0) {
+            float amax = 0.f;
+            for (int k = 0; k < span; k++) {
+                const float a = fabsf(xc[k]);
+                amax = a > amax ? a : amax;
+            }
+            inv = amax > 0.f ? 127.f / amax : 0.f;
+            step = span == 256 ? (amax > 0.f ? 1.f / inv : 0.f) : gs == 32 ? _cvtsh_ss(_cvtss_sh(amax / 127.f, 0)) : amax / 127.f;
         }
-        const float inv = amax > 0.f ? 127.f / amax : 0.f;
-        d[c] = amax / 127.f;
+        d[c] = step;
         for (int k = 0; k < 32; k++) xi[32 * c + k] = (signed char)lrintf(xc[k] * inv);
     }
 }
@@ -128,7 +135,7 @@ int linear(const float *x, const signed char *q, const float *sc, float *y, int 
     signed char *xi = malloc((size_t)M * I);
     float *d = malloc(sizeof(float) * (size_t)M * P);
     if (!xi || !d) { free(xi); free(d); return 1; }
-    for (int r = 0; r < M; r++) quantize_row(x + (size_t)r * I, xi + (size_t)r * I, d + (size_t)r * P, I);
+    for (int r = 0; r < M; r++) quantize_row(x + (size_t)r * I, xi + (size_t)r * I, d + (size_t)r * P, I, gs);
     if (threads > blocks) threads = blocks;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++) {

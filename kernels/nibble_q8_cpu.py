@@ -1,14 +1,16 @@
 """y = x dequant(W)^T (+ b) on CPU for group-quantized int4/int3 W held as ``nibble_linear_cpu.pack``
 gives it, with x quantized to int8 on the fly: integer dot products on x86 (AVX512-VNNI or AVX-VNNI
-``vpdpbusd``, AVX2 ``vpmaddubsw``), x in blocks of 32 as llama.cpp's Q4_1 x Q8_1 path. Imports only
-torch, the standard library and the shared checks (torch and triton).
+``vpdpbusd``, AVX2 ``vpmaddubsw``), x rounded per block of 32 (as llama.cpp's Q4_1 x Q8_1 path), or as ggml
+rounds it for the GGUF type a form holds (``nibble_q8_dots``: fp16 steps for Q4_0 / Q4_1 / Q5_0, one step per 256
+inputs for Q4_K / Q6_K). Imports only torch, the standard library and the shared checks (torch and triton).
 
 Why: the fp32 kernel turns every 4-bit code into a float before its multiply (about five vector
 instructions per 16 weights); here 64 codes take two shifts/masks and two integer dot-product
 instructions, and two float operations per 64 weights and row of x.
 
 The arithmetic, per row r of x and row n of W (w = q * s + offset per group g):
-  x [r, 32c:32c+32] ~ d[r, c] * xi, xi int8 = round(x / d), d = max |x| / 127 of that block of 32
+  x [r, 32c:32c+32] ~ d[r, c] * xi, xi int8 = round(x * 127 / max |x|), d = max |x| / 127 of that block of 32
+  (our F32 form; the GGUF forms take max |x| and d as ggml does, ``quantize_row``)
   y[r, n] = sum_c s[n, g(c)] * d[r, c] * (q . xi)_c  +  sum_g offset[n, g] * sum_{c in g} d[r, c] * sum(xi_c)
 that is x rounded times dequant(W), exactly up to fp32 summation order (``reference.int8_activation_matmul``).
 The offsets' term takes x as rounded too: x's rounding error then multiplies (q - z) s, centered on
@@ -144,7 +146,7 @@ static void any_qtile(const signed char *xi, const float *d, const float *sums, 
     switch ((fmt * 8 + rm) * 8 + rn) { QFORM(F32) QFORM(F16) QFORM(SYM) QFORM(FIVE) QFORM(SUPER) QFORM(SIX) }
 }
 
-/* y [M, O] = x [M, I] @ dequant(W)^T with x quantized per block of 32; 1 where a buffer could not be allocated. */
+/* y [M, O] = x [M, I] @ dequant(W)^T with x quantized to int8 (quantize_row); 1 where a buffer could not be allocated. */
 static int run(const float *x, const unsigned char *q, const void *sc, const void *of, float *y,
                int M, int O, int I, int G, int threads, int fmt) {
     if (fmt == SIX) G *= 16;  /* the caller counts super-blocks (the scales' shape[1]) */
@@ -154,8 +156,10 @@ static int run(const float *x, const unsigned char *q, const void *sc, const voi
     float *d = malloc(sizeof(float) * ((size_t)M * P * 8 + (size_t)M * G));
     if (!xi || !d) { free(xi); free(d); return 1; }
     float *sums = d + (size_t)M * P * 8;
+    /* x rounded as ggml rounds it for the GGUF type each form holds (our own checkpoints' F32 form: X32) */
+    const int mode = fmt == SUPER || fmt == SIX ? XQ8_K : fmt == SYM || fmt == FIVE ? XQ8_0 : fmt == F16 && gs == 32 ? XQ8_1 : X32;
     for (int r = 0; r < M; r++)
-        quantize_row(x + (size_t)r * I, xi + (size_t)r * I, d + (size_t)r * P * 8, sums + (size_t)r * G, I, G, gs);
+        quantize_row(x + (size_t)r * I, xi + (size_t)r * I, d + (size_t)r * P * 8, sums + (size_t)r * G, I, G, gs, mode);
     if (threads > blocks) threads = blocks;
 #pragma omp parallel for num_threads(threads) schedule(static)
     for (int t = 0; t < threads; t++) {
@@ -233,7 +237,7 @@ def supports(scale: torch.Tensor, in_features: int) -> bool:
 
 
 def linear(x: torch.Tensor, packed: Packed, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 per block of 32;
+    """[..., O] ~ x [..., I] @ dequant(W)^T (+ bias [O]), fp32 in and out, x rounded to int8 as the form asks;
     packed as ``pack`` or ``compact`` gives it (row-major codes: tiled here per call, as the runtime holds them once)."""
     check_form(x, packed, bias)
     in_features, groups = 2 * packed[0].shape[1], packed[1].shape[1]

@@ -10,22 +10,43 @@ static inline int hsum_epi32(__m256i t) {
     return _mm_cvtsi128_si32(_mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1)));
 }
 
+/* How x's steps are taken: as ggml takes them for the weight type at hand, so that a GGUF's codes compute what
+   llama.cpp computes with them. X32: max |x| / 127 per block of 32 in fp32 (our own checkpoints); XQ8_0: the same
+   rounded to fp16 (ggml's Q8_0, for Q4_0 and Q5_0); XQ8_1: that, and each block's sum d x sum(xi) rounded to fp16
+   (Q8_1, for Q4_1); XQ8_K: one step per 256 inputs, 1 / (127 / max |x|) in fp32 (Q8_K, for the K-quants). The codes
+   are round(x * 127 / max |x|) to nearest even in every mode, as ggml's x86 code rounds them. */
+#define X32 0
+#define XQ8_0 1
+#define XQ8_1 2
+#define XQ8_K 3
+
+static inline float amax_of(const float *x, int n) {
+    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    __m256 top = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(x + k), magnitude));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+static inline float to_half(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
+
 /* Row r of x [M, I] -> xi (I bytes, each block of 64 as [low-nibble inputs 32 | high-nibble inputs 32]),
    d [I/64 * 8] (per block of 64: lanes 0-3 the step of its inputs 0-31, lanes 4-7 of 32-63, as the dot
-   product's lanes are laid out) and sums [G]: the sums over each group of gs inputs of x as rounded. */
-static void quantize_row(const float *x, signed char *xi, float *d, float *sums, int I, int G, int gs) {
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+   product's lanes are laid out) and sums [G]: the sums over each group of gs inputs of x as rounded.
+   XQ8_K needs I a multiple of 256. */
+static void quantize_row(const float *x, signed char *xi, float *d, float *sums, int I, int G, int gs, int mode) {
+    float step = 0.f, inv = 0.f, raw = 0.f;  /* raw: max |x| / 127 unrounded */
     for (int g = 0; g < G; g++) sums[g] = 0.f;
     for (int c = 0; c < I / 32; c++) {  /* vectors: one float at a time this was ~1.5 % of a decode step, run alone */
-        __m256 v[4], top = _mm256_setzero_ps();
-        for (int k = 0; k < 4; k++) {
-            v[k] = _mm256_loadu_ps(x + 32 * c + 8 * k);
-            top = _mm256_max_ps(top, _mm256_and_ps(v[k], magnitude));
+        __m256 v[4];
+        for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 32 * c + 8 * k);
+        if (mode != XQ8_K || c % 8 == 0) {
+            const float amax = amax_of(x + 32 * c, mode == XQ8_K ? 256 : 32);
+            inv = amax > 0.f ? 127.f / amax : 0.f;
+            raw = amax / 127.f;
+            step = mode == XQ8_K ? (amax > 0.f ? 1.f / inv : 0.f) : mode == X32 ? raw : to_half(raw);
         }
-        __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
-        const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
-        const float step = amax / 127.f, inv = amax > 0.f ? 127.f / amax : 0.f;
         for (int l = 0; l < 4; l++) d[(c / 2) * 8 + (c % 2) * 4 + l] = step;
         __m256i q[4];  /* round to nearest even, as lrintf */
         for (int k = 0; k < 4; k++) q[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], _mm256_set1_ps(inv)));
@@ -41,7 +62,9 @@ static void quantize_row(const float *x, signed char *xi, float *d, float *sums,
         if (gs == 16) {  /* SIX: two groups a block of 32 */
             sums[2 * c] = step * (float)hsum_epi32(first);
             sums[2 * c + 1] = step * (float)hsum_epi32(second);
-        } else
+        } else if (mode == XQ8_1)  /* gs is 32: Q8_1's s, from the unrounded step */
+            sums[c] = to_half(raw * (float)hsum_epi32(_mm256_add_epi32(first, second)));
+        else
             sums[c * 32 / gs] += step * (float)hsum_epi32(_mm256_add_epi32(first, second));
     }
 }

@@ -53,15 +53,18 @@ FP8_MAX = 448.0  # largest finite float8_e4m3fn
 INT_MM_MAX_ROWS_CPU = 4
 
 
-def round_blocks_int8(x: torch.Tensor, block: int = 32) -> torch.Tensor:
+def round_blocks_int8(x: torch.Tensor, block: int = 32, step: str = "fp32") -> torch.Tensor:
     """x [..., I] as int8 per block of ``block`` inputs would give it back: d * round(x * (127 / max |x|)), d = max |x|
-    / 127, in fp32 as the kernel computes it (x / d rounds differently at rare near-ties: a flaky 1-in-600 mismatch;
-    so does ``127 / amax``, which torch computes as 127 times amax's reciprocal: a product of exactly 60.5 where
-    the kernel's true division gave one just above)."""
+    / 127 (``step`` "fp32"), that rounded to fp16 ("fp16": ggml's Q8_0 activations) or 1 / (127 / max |x|)
+    ("reciprocal": ggml's Q8_K, block 256), in fp32 as the kernels compute it (x / d rounds differently at rare
+    near-ties: a flaky 1-in-600 mismatch; so does ``127 / amax``, which torch computes as 127 times amax's
+    reciprocal: a product of exactly 60.5 where the kernel's true division gave one just above)."""
     xb = x.float().unflatten(-1, (-1, block))  # [..., I/block, block]
     amax = xb.abs().amax(-1, keepdim=True)
     inv = torch.where(amax > 0, torch.full_like(amax, 127) / torch.where(amax > 0, amax, 1), 0)  # a true division
-    return (torch.round(xb * inv) * (amax / 127)).flatten(-2)
+    d = {"fp32": lambda: amax / 127, "fp16": lambda: (amax / 127).half().float(),
+         "reciprocal": lambda: torch.where(inv > 0, 1 / torch.where(inv > 0, inv, 1), 0)}[step]()
+    return (torch.round(xb * inv) * d).flatten(-2)
 
 
 def int8_activation_matmul(x, packed, scale, zero_packed, bits: int, bias: torch.Tensor | None = None):

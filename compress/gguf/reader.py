@@ -6,16 +6,18 @@ gguf_blocks keeps every step positive), so a file whose decoder Linears are all 
 compressed-tensors checkpoints holding the same codes and scales, and our 4-bit kernels then compute with the
 very numbers llama.cpp computes with. A file mixing the types gguf_blocks reads (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0)
 becomes one of GgufLinear's: ggml's own codes, scales (and Q4_1/Q4_K's offsets) per Linear, unpacked to a byte a
-weight on disk, and so does an untied output layer of those types; the CPU runtime holds them in the file's own bits
-(runtime/cpu_linears.py).
+weight on disk, and so does an output layer of those types (a tied one written as its own tensor beside the embedding's
+table, so that the output layer computes with the file's codes as llama.cpp's does; an all-Q4_0 file with such an output
+layer then takes this form too); the CPU runtime holds them in the file's own bits (runtime/cpu_linears.py).
 A file with any other Linear type (F16, F32, IQ*, Q2_K, ...) is dequantized to fp32 by transformers' reader. The
-embedding and norms are dequantized in every case, the output layer everywhere else.
+embedding and norms are dequantized in every case, the output layer where its type is not one of those.
 
 Where the codes are kept and the family is one we write (family.py), the file is read block by block from its
 memory map (tensors.py) and written as each block is read, so an 8B file is never held whole; transformers'
 reader (which dequantizes the whole model at once) reads the others.
 """
 
+import dataclasses
 from pathlib import Path
 
 import torch
@@ -91,20 +93,21 @@ def read_block(src: GgufTensors, model: Decoder, i: int, make) -> torch.nn.Modul
 def stream_codes(gguf_path: Path, out_dir: Path) -> dict | None:
     """Write the file as our checkpoint keeping its Linears' codes, block by block (compress.json's "gguf" entry
     returned); None where this path does not apply (a family we do not write, a Linear of another type)."""
-    model = lazy.skeleton(metadata.gguf_config(gguf_path))
+    cfg = metadata.gguf_config(gguf_path)
     try:
-        src = GgufTensors(gguf_path, model.cfg)
+        src = GgufTensors(gguf_path, cfg)
     except UserError:  # a family we do not write: read it dequantized
         return None
-    types = linear_types(src, model)
+    types = linear_types(src, lazy.skeleton(cfg))
     if types is None:
         return None
     kinds = sorted(set(types.values()))
-    lazy.attach(model, None, src.reader)
-    head = kinds != ["Q4_0"] and not model.cfg.tie_word_embeddings and src.kind("lm_head.weight") in TYPES
-    if head:  # the output layer keeps its codes too
+    head = src.kind("lm_head.weight") in TYPES
+    if head:  # the output layer keeps its codes too; a tied one becomes its own tensor, the embedding stays a table
         types["lm_head"] = src.kind("lm_head.weight")
-    spec, make = (Q4_0, q4_0_linear) if kinds == ["Q4_0"] else (GgufSpec(types), gguf_linear)
+        cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
+    model = lazy.attach(lazy.skeleton(cfg), None, src.reader)
+    spec, make = (Q4_0, q4_0_linear) if kinds == ["Q4_0"] and not head else (GgufSpec(types), gguf_linear)
     writer = QuantizedWriter(out_dir, model, spec, "compressed-tensors", torch.float32, None)
     for i in tqdm(range(model.cfg.num_layers), desc=f"reading {Path(gguf_path).name}", unit="block"):
         writer.block(i, read_block(src, model, i, make))

@@ -23,8 +23,9 @@ Memory each holds:
   bits as tiled crumbs, int8 sub-scales and an fp32 unit per super-block (``kernels/nibble_six.py``); its Q8_0, and a Q5_0 of inputs
   not a multiple of 64 or joined to one of those (cpu_fusion), or a Q6_K whose scales do not factor, as
   ``ByteLinear``: ggml's signed codes a byte each and an fp32 scale per group of 16 or 32
-  (``kernels/byte_q8_cpu.py``), all with int8 activations as llama.cpp; with activation quantization off those are
-  dequantized into CpuLinears.
+  (``kernels/byte_q8_cpu.py``), all with int8 activations rounded as llama.cpp rounds them for each type; with
+  activation quantization off those are dequantized into CpuLinears. A GGUF's quantized output layer, tied or not,
+  is one of these (gguf/reader.py keeps its codes).
 - an int8 lm_head (``Int8Linear``, opt-in): int8 codes and an fp32 scale per row (``kernels/int8_rows_cpu.py``),
   a quarter of fp32's bytes; a tied embedding keeps its own fp32 table for the lookup.
 A PackedLinear the 4-bit kernel cannot run (no compiler, scales not fp32, groups not a multiple of 32)

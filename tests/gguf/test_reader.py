@@ -32,7 +32,7 @@ def file_weights(path) -> dict[str, torch.Tensor]:
     return {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type))) for t in reader.tensors}
 
 
-def test_q4_0_file_reads_back_as_int4_with_the_files_own_weights(tmp_path, monkeypatch, smollm2_dir):
+def test_q4_0_file_keeps_its_codes_and_its_q6_k_output_layer_s(tmp_path, monkeypatch, smollm2_dir):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
     src = source(tmp_path, "llama", smollm2_dir)
     path = write(src, tmp_path / "m.gguf", gguf_type="Q4_0")
@@ -42,12 +42,14 @@ def test_q4_0_file_reads_back_as_int4_with_the_files_own_weights(tmp_path, monke
     for i, block in enumerate(model.model.layers):
         for hf_name, gguf_name, heads in (("self_attn.q_proj", "attn_q", 4), ("self_attn.k_proj", "attn_k", 2),
                                           ("self_attn.v_proj", "attn_v", None), ("mlp.down_proj", "ffn_down", None)):
-            packed = block.get_submodule(hf_name)
-            assert isinstance(packed, PackedLinear) and packed.spec.group_size == 32
-            want = stored[f"blk.{i}.{gguf_name}.weight"].reshape(packed.out_features, packed.in_features)
-            assert torch.equal(packed.dequantized(), unpermute_rows(want, heads) if heads else want)
-    # the output layer (the tied embedding) as llama.cpp's Q4_0 rule types it: what the engine's defaults follow
+            m = block.get_submodule(hf_name)
+            assert isinstance(m, GgufLinear) and m.kind == "Q4_0"
+            want = stored[f"blk.{i}.{gguf_name}.weight"].reshape(m.out_features, m.in_features)
+            assert torch.equal(m.dequantized(), unpermute_rows(want, heads) if heads else want)
+    # the output layer as llama.cpp's Q4_0 rule types it keeps its codes: the Linears then keep ggml's codes too
     assert read_manifest(back)["gguf"] == {"file": "m.gguf", "linears": "Q4_0", "output": "Q6_K"}
+    assert isinstance(model.lm_head, GgufLinear) and model.lm_head.kind == "Q6_K"
+    assert torch.equal(model.lm_head.dequantized(), stored["output.weight"].reshape(model.lm_head.weight_codes.shape))
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
     convert(path, dequantized, keep_codes=False)  # transformers' reading of the same file, every tensor fp32
@@ -118,6 +120,9 @@ def test_gemma2_file_keeps_its_codes_and_computes_as_transformers_reads_it(tmp_p
     back = models.resolve(str(path))
     model = load_model(back)
     assert isinstance(model.model.layers[1].self_attn.q_proj, GgufLinear)  # the file's codes, no q/k permutation
+    # the tied Q8_0 table's codes kept as the output layer, as llama.cpp computes it; the embedding a table of its own
+    assert not model.cfg.tie_word_embeddings and isinstance(model.lm_head, GgufLinear) and model.lm_head.kind == "Q8_0"
+    assert torch.equal(model.lm_head.dequantized(), model.model.embed_tokens.weight)
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
     convert(path, dequantized, keep_codes=False)  # transformers' dequantized weights (norms back to w: the file holds 1 + w)

@@ -21,9 +21,18 @@ def random_weight(out_features: int, in_features: int, group: int, seed: int) ->
     return codes, scale
 
 
+def rounded(x, group: int) -> torch.Tensor:
+    """x as the kernel rounds it for a weight of this group size: as ggml's activations for Q6_K (16: per 256 inputs
+    where they divide I) and Q8_0 (32: fp16 steps), per 32 in fp32 otherwise."""
+    if group == 16 and x.shape[-1] % 256 == 0:
+        return reference.round_blocks_int8(x, 256, "reciprocal")
+    return reference.round_blocks_int8(x, 32, "fp16" if group == 32 else "fp32")
+
+
 def emulated(x, codes, scale, bias=None):
+    group = codes.shape[1] // scale.shape[1]
     w = (codes.double().unflatten(1, (scale.shape[1], -1)) * scale.double()[..., None]).flatten(1)  # [O, I]
-    y = torch.nn.functional.linear(reference.round_blocks_int8(x).double(), w, None if bias is None else bias.double())
+    y = torch.nn.functional.linear(rounded(x, group).double(), w, None if bias is None else bias.double())
     return y.float()
 
 
@@ -32,8 +41,9 @@ def emulated(x, codes, scale, bias=None):
 @pytest.mark.parametrize("out_features", [36, 29])  # whole 4- and 2-row tiles, and a ragged last one
 @pytest.mark.parametrize("group", [16, 32, 64])  # 16: Q6_K, two scales in one 32-byte load; 32: Q5_0 / Q8_0
 def test_matches_the_emulation_in_each_build(isa, rows, out_features, group):
-    codes, scale = random_weight(out_features, 192, group, seed=rows)
-    x, b = torch.randn(rows, 1, 192), torch.randn(out_features)
+    in_features = 512 if group == 16 else 192  # Q6_K's x per 256 inputs where they divide I
+    codes, scale = random_weight(out_features, in_features, group, seed=rows)
+    x, b = torch.randn(rows, 1, in_features), torch.randn(out_features)
     x[0, 0, :32] = 0  # a block of zeros: its scale is 0, not a division by 0
     x[-1, 0, 70] = 50.0  # an outlier: its block's other inputs round coarsely, the same in both
     assert_matches(kernel.linear(x, (codes, scale), b), emulated(x, codes, scale, b))

@@ -60,7 +60,7 @@ def test_matches_rounded_x_times_the_exact_weight_in_each_build(isa, rows, out_f
     x[-1, 0, 40] = 50.0  # an outlier: its block's other inputs round coarsely, the same in both
     packed = five.pack(codes, d)
     w = weight(codes, d).double()
-    expected = (reference.round_blocks_int8(x).double() @ w.T).float()
+    expected = (reference.round_blocks_int8(x, 32, "fp16").double() @ w.T).float()  # ggml's Q8_0 x: fp16 steps
     assert_matches(five.linear(x, packed), expected)
     assert_matches(five.linear(x, packed, b), (expected.double() + b.double()).float())
 

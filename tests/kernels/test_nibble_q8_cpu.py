@@ -67,7 +67,7 @@ def fp16_exact(scale: torch.Tensor) -> torch.Tensor:
 @needs_kernel
 @pytest.mark.parametrize("zeros, form", [((8,), "fp16 symmetric"), ((7, 8), "fp16 symmetric"), ((), "fp16")])
 @pytest.mark.parametrize("group", [32, 64])
-def test_compact_forms_hold_the_same_weight_and_products(isa, zeros, form, group):
+def test_compact_forms_hold_the_same_weight_and_compute_as_ggml(isa, zeros, form, group):
     codes, scale, _ = random_weight(29, 256, group, 4, seed=len(zeros))
     scale = fp16_exact(scale)
     if zeros:  # Q4_0: zero point 8, or 7 where a block's d < 0 was read as -d with mirrored codes
@@ -82,8 +82,26 @@ def test_compact_forms_hold_the_same_weight_and_products(isa, zeros, form, group
     assert torch.equal(nibbles.dequantize(forms.expanded(small)), nibbles.dequantize(packed))  # exactly the weight
     x, b = torch.randn(5, 256), torch.randn(29)
     x[1, :32] = 0
-    torch.testing.assert_close(kernel.linear(x, small, b), kernel.linear(x, packed, b), rtol=1e-5, atol=1e-5)
+    assert_matches(kernel.linear(x, small, b), as_ggml(x, packed, b, symmetric=bool(zeros)))
     assert forms.compact(small) is small  # already compact
+
+
+def as_ggml(x, packed, bias, symmetric: bool) -> torch.Tensor:
+    """x @ W^T + bias as ggml computes a Q4_0 (Q8_0 x: fp16 steps per 32) or, at groups of 32, a Q4_1 (Q8_1 x: its
+    blocks' sums d x sum(xi) rounded to fp16 times the offsets); a Q4_1 form of wider groups as ours (fp32 steps)."""
+    w = nibbles.dequantize(packed).double()  # [O, I]
+    groups = packed[1].shape[1]
+    if symmetric or x.shape[-1] // groups != 32:
+        xr = reference.round_blocks_int8(x, 32, "fp16" if symmetric else "fp32")
+        return (xr.double() @ w.T + bias.double()).float()
+    offsets = packed[2].double()  # [O, G]
+    xb = x.unflatten(-1, (-1, 32))  # [M, G, 32]
+    amax = xb.abs().amax(-1)  # [M, G]
+    xi = torch.round(xb * torch.where(amax > 0, 127 / torch.where(amax > 0, amax, 1), 0)[..., None])
+    sums = ((amax / 127) * xi.sum(-1)).half().double()  # [M, G]: Q8_1's s
+    xr = reference.round_blocks_int8(x, 32, "fp16").double()
+    w_no_offsets = w - offsets.repeat_interleave(32, 1)
+    return (xr @ w_no_offsets.T + sums @ offsets.T + bias.double()).float()
 
 
 def test_compact_scales_with_fp32_offsets_are_refused():
@@ -95,14 +113,15 @@ def test_compact_scales_with_fp32_offsets_are_refused():
 
 @needs_kernel
 @pytest.mark.parametrize("rows", [1, 4, 6])
-def test_super_block_form_gives_the_fp32_form_s_products_in_each_build(isa, rows):
+def test_super_block_form_computes_as_ggml_s_q4_k_in_each_build(isa, rows):
     from tests.kernels.test_nibble_forms import q4_k
 
     packed = q4_k(29, 512, seed=rows)  # a Q4_K: d * sc and -dmin * m per group of 32
     small = forms.compact(packed)
     assert forms.form(small) == forms.SUPER
     x, b = torch.randn(rows, 512), torch.randn(29)
-    x[0, 64:96] = 0
-    torch.testing.assert_close(kernel.linear(x, small, b), kernel.linear(x, packed, b), rtol=1e-5, atol=1e-5)
+    x[0, 256:] = 0  # a super-block of zeros: step 0
+    xr = reference.round_blocks_int8(x, 256, "reciprocal")  # ggml's Q8_K x: one step per 256 inputs
+    assert_matches(kernel.linear(x, small, b), (xr.double() @ nibbles.dequantize(packed).double().T + b.double()).float())
     with pytest.raises(ValueError, match="super-blocks of 8"):
         kernel.linear(x, (small[0], small[1], small[2][:, :1]))

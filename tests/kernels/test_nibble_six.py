@@ -63,10 +63,11 @@ def test_matches_rounded_x_times_the_exact_weight_in_each_build(isa, rows, out_f
     codes, scale = q6_k(out_features, in_features, seed=rows)
     codes[0] = 63  # the largest products: 2 * 63 * 127 per pair in the AVX2 build's int16 sums
     x, b = torch.randn(rows, 1, in_features), torch.randn(out_features)
-    x[0, 0, :32] = 0  # a block of zeros: its step is 0, not a division by 0
-    x[-1, 0, 40] = 50.0  # an outlier: its block's other inputs round coarsely, the same in both
+    x[0, 0, :256] = 0  # a super-block of zeros: its step is 0, not a division by 0
+    x[-1, 0, 40] = 50.0  # an outlier: its super-block's other inputs round coarsely, the same in both
     packed = six.pack(codes, six.super_scales(scale))
-    expected = (reference.round_blocks_int8(x).double() @ weight(codes, scale).double().T).float()
+    xr = reference.round_blocks_int8(x, 256, "reciprocal")  # ggml's Q8_K x: one step per 256 inputs
+    expected = (xr.double() @ weight(codes, scale).double().T).float()
     assert_matches(six.linear(x, packed), expected)
     assert_matches(six.linear(x, packed, b), (expected.double() + b.double()).float())
 
