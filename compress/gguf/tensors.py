@@ -47,7 +47,7 @@ class GgufTensors:
 
     def heads(self, name: str) -> int | None:
         """The head count whose rotary rows llama.cpp's converter permuted in this tensor, else None."""
-        r = role(self.gguf_name(name))
+        r = role(self.entry(name).name)  # a tied lm_head's entry is the embedding's
         return {"attn_q": self.cfg.num_heads, "attn_k": self.cfg.num_kv_heads}.get(r) if self.fam.permute_qk else None
 
     def raw(self, name: str, out_features: int) -> torch.Tensor:

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from compress.errors import UserError
-from compress.kernels import int8_rows_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu
+from compress.kernels import int8_rows_cpu, nibble_linear_cpu, nibble_panel_cpu, nibble_q8_cpu, reference
 from compress.models import load_model
 from compress.runtime.config import EngineConfig
 from compress.quant.linear import GgufLinear
@@ -86,8 +86,9 @@ def test_a_compact_int4_linear_gives_the_wide_one_s_outputs_on_every_path():
     x = torch.randn(30, 128)
     for use_c, use_panel in [(True, False), (False, True), (False, False)]:
         small.use_c, small.use_panel, wide.use_c, wide.use_panel = [use_c], [use_panel], [use_c], [use_panel]
-        # the C path rounds x to int8 (the wide module's fp32 kernel does not): against that kernel on the wide form
-        expected = nibble_q8_cpu.linear(x, tuple(packed.values())) if use_c else wide(x)
+        # the C path rounds x to int8 as ggml does for a Q4_0 (fp16 steps per 32; the wide module's fp32 kernel does not)
+        weight = nibble_linear_cpu.dequantize(tuple(packed.values())).double()
+        expected = (reference.round_blocks_int8(x, 32, "fp16").double() @ weight.T).float() if use_c else wide(x)
         torch.testing.assert_close(small(x), expected, rtol=1e-5, atol=1e-5)
 
 
