@@ -141,3 +141,15 @@ def test_q6_k_is_held_in_its_own_bits_and_computes_as_the_byte_form():
     torch.testing.assert_close(held(x), as_bytes(x), rtol=1e-5, atol=1e-5)  # the same integer products
     held.use_c = [False]  # torch's path: the dequantized weight, x not rounded
     torch.testing.assert_close(held(x), x @ m.dequantized().T, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.skipif(nibble_q8_cpu.load() is None or int8_rows_cpu.load() is None, reason="no int8 kernels here")
+def test_a_gguf_output_layer_runs_its_codes_where_they_are_fewer_bytes_than_int8_rows():
+    q8_0 = GgufLinear(512, 64, "Q8_0", bias=False)
+    q8_0.weight_codes.copy_(torch.randint(-127, 128, (64, 512), generator=torch.Generator().manual_seed(0)))
+    q8_0.weight_scale.copy_(torch.rand(64, 16) * 0.01)
+    for head, held in ((q6_k_linear(64, 512), SixLinear), (q8_0, Int8Linear)):  # 6.625 bits; 9 bits as codes, 8 as rows
+        model = torch.nn.Module()
+        model.lm_head = head
+        cpu_linears(model, "int8", int8_activations=True)
+        assert isinstance(model.lm_head, held)
