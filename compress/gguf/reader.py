@@ -6,9 +6,10 @@ gguf_blocks keeps every step positive), so a file whose decoder Linears are all 
 compressed-tensors checkpoints holding the same codes and scales, and our 4-bit kernels then compute with the
 very numbers llama.cpp computes with. A file mixing the types gguf_blocks reads (Q4_K_M: Q4_K, Q5_0, Q6_K, Q8_0)
 becomes one of GgufLinear's: ggml's own codes, scales (and Q4_1/Q4_K's offsets) per Linear, unpacked to a byte a
-weight on disk, and so does an output layer of those types (a tied one written as its own tensor beside the embedding's
-table, so that the output layer computes with the file's codes as llama.cpp's does; an all-Q4_0 file with such an output
-layer then takes this form too); the CPU runtime holds them in the file's own bits (runtime/cpu_linears.py).
+weight on disk, and so does an output layer of those types (a tied one of under a byte a weight, Q6_K or 4/5-bit, written
+as its own tensor beside the embedding's table, so that the output layer computes with the file's codes as llama.cpp's
+does; a tied Q8_0 one stays tied, the runtime making int8 rows of the table; an all-Q4_0 file with a kept output layer
+then takes this form too); the CPU runtime holds them in the file's own bits (runtime/cpu_linears.py).
 A file with any other Linear type (F16, F32, IQ*, Q2_K, ...) is dequantized to fp32 by transformers' reader. The
 embedding and norms are dequantized in every case, the output layer where its type is not one of those.
 
@@ -102,9 +103,12 @@ def stream_codes(gguf_path: Path, out_dir: Path) -> dict | None:
     if types is None:
         return None
     kinds = sorted(set(types.values()))
-    head = src.kind("lm_head.weight") in TYPES
-    if head:  # the output layer keeps its codes too; a tied one becomes its own tensor, the embedding stays a table
-        types["lm_head"] = src.kind("lm_head.weight")
+    out = TYPES.get(src.kind("lm_head.weight"))
+    # the output layer keeps its codes too; a tied one becomes its own tensor (the embedding stays a table) only where
+    # the runtime computes with those codes (under a byte a weight: cpu_linears.codes_are_smaller), else stays tied
+    head = out is not None and (out.under_a_byte or not cfg.tie_word_embeddings)
+    if head:
+        types["lm_head"] = out.name
         cfg = dataclasses.replace(cfg, tie_word_embeddings=False)
     model = lazy.attach(lazy.skeleton(cfg), None, src.reader)
     spec, make = (Q4_0, q4_0_linear) if kinds == ["Q4_0"] and not head else (GgufSpec(types), gguf_linear)

@@ -57,6 +57,12 @@ class BlockType:
         return 2 ** (self.bits - 1)
 
     @property
+    def under_a_byte(self) -> bool:
+        """Fewer bytes a weight than int8 rows (a byte a weight): an output layer of this type (Q6_K, 4/5-bit) runs as
+        its codes on the CPU, a Q8_0 one (a byte and a scale per 32) as int8 rows (runtime/cpu_linears.py)."""
+        return self.type_size < self.block
+
+    @property
     def subscaled(self) -> bool:
         """A K-quant: each group's scale is the block's d times the group's own integer sub-scale."""
         return self.block > self.group

@@ -188,15 +188,22 @@ class GgufLinear(nn.Module):
     def bits(self) -> int:
         return TYPES[self.kind].bits
 
-    def dequantized(self) -> torch.Tensor:
-        groups = self.weight_scale.shape[1]
-        w = self.weight_codes.float().view(self.out_features, groups, -1) * self.weight_scale.unsqueeze(-1)  # [O, G, g]
+    def dequantized(self, rows: slice = slice(None)) -> torch.Tensor:
+        """[O, I] fp32 (or those ``rows``)."""
+        codes, scale = self.weight_codes[rows], self.weight_scale[rows]
+        w = codes.float().view(codes.shape[0], scale.shape[1], -1) * scale.unsqueeze(-1)  # [o, G, g]
         if self.weight_offset is not None:
-            w = w + self.weight_offset.unsqueeze(-1)
-        return w.view(self.out_features, self.in_features)
+            w = w + self.weight_offset[rows].unsqueeze(-1)
+        return w.view(codes.shape[0], self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.dequantized().to(x.dtype), None if self.bias is None else self.bias.to(x.dtype))
+        # ROWS output rows at a time: a 152k x 4096 output layer dequantized whole took 2.5 GB a call
+        out = x.new_empty(*x.shape[:-1], self.out_features)  # [..., O]
+        for at in range(0, self.out_features, ROWS):
+            rows = slice(at, at + ROWS)
+            bias = None if self.bias is None else self.bias[rows].to(x.dtype)
+            out[..., rows] = nn.functional.linear(x, self.dequantized(rows).to(x.dtype), bias)
+        return out
 
     def extra_repr(self) -> str:
         return f"in={self.in_features}, out={self.out_features}, {self.kind}"

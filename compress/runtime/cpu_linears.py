@@ -39,6 +39,7 @@ import torch
 from torch import nn
 
 from compress.kernels import byte_q8_cpu, int8_rows_cpu, linear_cpu, nibble_five, nibble_linear_cpu, nibble_q8_cpu, nibble_six
+from compress.quant.gguf_blocks import TYPES
 from compress.quant.linear import GgufLinear, PackedLinear
 from compress.runtime.cpu_modules import (ByteLinear, CpuLinear, FiveLinear, HeldLinear, Int8Linear, NibbleLinear, Scratch,
                                           SixLinear, frozen_bias)
@@ -176,8 +177,19 @@ def codes_are_smaller(m: nn.Module) -> bool:
     """Whether a GGUF output layer's own codes read fewer bytes a step than int8 rows (8 bits a weight): its Q6_K
     (6.625) and 4- and 5-bit types do, so they run as the file's codes, as llama.cpp computes them; its Q8_0's
     (a byte and an fp32 scale per 32: 9 bits) do not, and run as int8 rows re-rounded per row (SmolLM2, whose
-    576-wide output falls back to Q8_0: 10 % faster decode that way)."""
-    return isinstance(m, GgufLinear) and m.kind != "Q8_0"
+    576-wide output falls back to Q8_0: 10 % faster decode that way). gguf/reader.py unties a tied output by the
+    same fact."""
+    return isinstance(m, GgufLinear) and TYPES[m.kind].under_a_byte
+
+
+def shared_table(new: nn.Module, model: nn.Module) -> nn.Module:
+    """``new`` (a GGUF output layer dequantized to fp32), or a CpuLinear over the embedding's table where its values
+    are that table's: a tied output the reader kept as codes that do not run here (activation rounding off) then
+    shares the table, as a tied one always did, instead of holding a second fp32 copy."""
+    if not isinstance(new, CpuLinear) or new.bias is not None:
+        return new
+    table = model.model.embed_tokens.weight
+    return CpuLinear(table, None) if new.weight.shape == table.shape and torch.equal(new.weight, table) else new
 
 
 def cpu_linears(model: nn.Module, lm_head: str = "stored", int8_activations: bool = False) -> Swapped:
@@ -192,6 +204,8 @@ def cpu_linears(model: nn.Module, lm_head: str = "stored", int8_activations: boo
         m = model.get_submodule(name)
         as_int8 = lm_head == "int8" and name == "lm_head" and not (int8_activations and codes_are_smaller(m))
         new = (as_int8 and lm_head_int8(m, scratch)) or swap_one(m, scratch, int8_activations)
+        if name == "lm_head" and isinstance(m, GgufLinear):
+            new = shared_table(new, model)
         if new is None:
             continue
         parent, _, attr = name.rpartition(".")

@@ -32,9 +32,9 @@ def file_weights(path) -> dict[str, torch.Tensor]:
     return {t.name: torch.from_numpy(np.array(gguf.quants.dequantize(t.data, t.tensor_type))) for t in reader.tensors}
 
 
-def test_q4_0_file_keeps_its_codes_and_its_q6_k_output_layer_s(tmp_path, monkeypatch, smollm2_dir):
+def test_q4_0_file_keeps_its_codes_and_its_tied_q6_k_output_layer_s(tmp_path, monkeypatch, smollm2_dir):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
-    src = source(tmp_path, "llama", smollm2_dir)
+    src = source(tmp_path, "llama", smollm2_dir, tie_word_embeddings=True)
     path = write(src, tmp_path / "m.gguf", gguf_type="Q4_0")
     back = models.resolve(str(path))
     assert models.is_quantized(back)
@@ -46,16 +46,24 @@ def test_q4_0_file_keeps_its_codes_and_its_q6_k_output_layer_s(tmp_path, monkeyp
             assert isinstance(m, GgufLinear) and m.kind == "Q4_0"
             want = stored[f"blk.{i}.{gguf_name}.weight"].reshape(m.out_features, m.in_features)
             assert torch.equal(m.dequantized(), unpermute_rows(want, heads) if heads else want)
-    # the output layer as llama.cpp's Q4_0 rule types it keeps its codes: the Linears then keep ggml's codes too
+    # the tied table as llama.cpp's Q4_0 rule types it (Q6_K: under a byte a weight) keeps its codes as the output
+    # layer, the embedding a table of its own: the Linears then keep ggml's codes too
     assert read_manifest(back)["gguf"] == {"file": "m.gguf", "linears": "Q4_0", "output": "Q6_K"}
+    assert "output.weight" not in stored and not model.cfg.tie_word_embeddings
     assert isinstance(model.lm_head, GgufLinear) and model.lm_head.kind == "Q6_K"
-    assert torch.equal(model.lm_head.dequantized(), stored["output.weight"].reshape(model.lm_head.weight_codes.shape))
+    assert torch.equal(model.lm_head.dequantized(), stored["token_embd.weight"].reshape(model.lm_head.weight_codes.shape))
+    assert torch.equal(model.lm_head.dequantized(), model.model.embed_tokens.weight)
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
     convert(path, dequantized, keep_codes=False)  # transformers' reading of the same file, every tensor fp32
     with torch.no_grad():
         ours, ref = model(IDS), load_model(dequantized)(IDS)
     assert (ours - ref).abs().max().item() <= 1e-4 * ref.abs().max().item()
+    cpu_linears(model, int8_activations=False)  # its codes do not run: the output layer shares the embedding's table
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+    held = load_model(back)
+    cpu_linears(held, int8_activations=True)  # they do: the file's 6.625 bits a weight
+    assert isinstance(held.lm_head, SixLinear)
 
 
 def test_q4_k_m_file_keeps_ggml_s_codes_of_each_type(q4_k_m_gguf):
@@ -120,9 +128,9 @@ def test_gemma2_file_keeps_its_codes_and_computes_as_transformers_reads_it(tmp_p
     back = models.resolve(str(path))
     model = load_model(back)
     assert isinstance(model.model.layers[1].self_attn.q_proj, GgufLinear)  # the file's codes, no q/k permutation
-    # the tied Q8_0 table's codes kept as the output layer, as llama.cpp computes it; the embedding a table of its own
-    assert not model.cfg.tie_word_embeddings and isinstance(model.lm_head, GgufLinear) and model.lm_head.kind == "Q8_0"
-    assert torch.equal(model.lm_head.dequantized(), model.model.embed_tokens.weight)
+    # a tied Q8_0 table stays tied: its codes (a byte and a scale per 32) would run as int8 rows anyway
+    assert read_manifest(back)["gguf"]["output"] == "Q8_0"
+    assert model.cfg.tie_word_embeddings and model.lm_head.weight is model.model.embed_tokens.weight
     dequantized = tmp_path / "dequantized"
     dequantized.mkdir()
     convert(path, dequantized, keep_codes=False)  # transformers' dequantized weights (norms back to w: the file holds 1 + w)

@@ -256,11 +256,14 @@ def test_subscales_nearest_the_top_lose_almost_nothing(lo, hi):
 
 
 @pytest.mark.parametrize("name", TYPES)
-def test_a_gguf_linear_unpacked_a_few_rows_at_a_time_holds_ggml_s_weight(name, monkeypatch):
+def test_a_gguf_linear_unpacked_and_run_a_few_rows_at_a_time_holds_ggml_s_weight(name, monkeypatch):
     from compress.quant import linear
 
     t = TYPES[name]
     raw = random_blocks(t, 10, 512, positive=not t.symmetric)
     monkeypatch.setattr(linear, "ROWS", 4)  # 10 rows: two whole chunks and a short one
-    m = linear.GgufLinear.from_ggml(name, raw, None)
+    bias = torch.randn(10)
+    m = linear.GgufLinear.from_ggml(name, raw, bias)
     assert torch.equal(m.dequantized(), dequantize(t, raw, 512))
+    x = torch.randn(3, 512)  # forward too takes ROWS output rows at a time
+    torch.testing.assert_close(m(x), torch.nn.functional.linear(x, dequantize(t, raw, 512), bias), rtol=1e-5, atol=1e-5)
