@@ -60,13 +60,16 @@ def cli(ctx):
 @click.option("--static-activations", is_flag=True, help="fp8: calibrated per-tensor input scales instead of dynamic per-token")
 @click.option("--smooth-alpha", type=float, default=SMOOTH_ALPHA, show_default=True,
               help="int8: SmoothQuant migration strength on the norm-fed Linears (0: none)")
+@click.option("--act-group-size", type=int, default=0, show_default=True,
+              help="int8: x's steps per token and block of this many inputs, a power of two >= 16 (0: one per token)")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="dtype of the stored unquantized tensors (embeddings, norms, lm_head) and scales [default: the source's]")
 @click.option("-o", "--output", required=True, help="output directory (a .gguf file for --format gguf)")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
 def quantize(model, method, bits, group_size, symmetric, fmt, rounding, tune_iters, tune_dtype, calib_data, calib_samples, calib_seq_len, seed,
-             outlier_threshold, outlier_topk, static_activations, smooth_alpha, dtype, gguf_type, output, force, verbose):
+             outlier_threshold, outlier_topk, static_activations, smooth_alpha, act_group_size, dtype, gguf_type, output, force,
+             verbose):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
     from compress.commands.quantize import run_quantize
@@ -74,7 +77,7 @@ def quantize(model, method, bits, group_size, symmetric, fmt, rounding, tune_ite
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
                       outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
-                      smooth_alpha=smooth_alpha, rounding=rounding, dtype=dtype, gguf_type=gguf_type, tune_iters=tune_iters,
+                      smooth_alpha=smooth_alpha, act_group_size=act_group_size, rounding=rounding, dtype=dtype, gguf_type=gguf_type, tune_iters=tune_iters,
                       tune_dtype=tune_dtype)
     (run_quantize_gguf if cfg.format == "gguf" else run_quantize)(model, cfg, output, force, verbose)
 

@@ -49,10 +49,11 @@ def dequantize_packed(packed: torch.Tensor, scale, zero_packed, bits: int, in_fe
     return op(packed, scale, zero_packed, bits, in_features)
 
 
-def int8_outlier_matmul(x: torch.Tensor, weight, weight_scale, outlier_idx, outlier_weight, bias=None):
-    """y [..., O]: LLM.int8 with static outlier dims (int8 weight + fp outlier columns)."""
+def int8_outlier_matmul(x: torch.Tensor, weight, weight_scale, outlier_idx, outlier_weight, bias=None, act_group: int = 0):
+    """y [..., O]: LLM.int8 with static outlier dims (int8 weight + fp outlier columns); act_group: x's int8 steps per
+    token and block of that many inputs (0: one per token)."""
     op = _int8_matmul_kernel.int8_outlier_matmul if x.is_cuda else reference.int8_outlier_matmul
-    return op(x, weight, weight_scale, outlier_idx, outlier_weight, bias)
+    return op(x, weight, weight_scale, outlier_idx, outlier_weight, bias, act_group)
 
 
 def fp8_matmul(x: torch.Tensor, weight, weight_scale, bias=None, input_scale=None):

@@ -9,6 +9,8 @@ Layout (the int8 format of docs/formats.md):
 
 y = (q_x @ weight^T) * s_x * weight_scale^T + x[:, outlier_idx] @ outlier_weight^T (+ bias), with
 s_x = max|x| / 127 per token over the non-outlier dims and q_x = round_half_even(x / s_x) in int8.
+With ``act_group`` G, s_x is taken per token and block of G inputs (``_int8_grouped_kernel``): each K tile is one
+block, its int32 dot scaled by its own s_x into an fp32 accumulator.
 
 Each program owns an output tile [BLOCK_M, BLOCK_N]. It makes two passes over its BLOCK_M
 rows of x: the first finds the per-token absmax (outlier dims masked out by comparing the
@@ -96,11 +98,53 @@ def _int8_outlier_matmul_kernel(
     tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
 
 
+@triton.jit
+def _int8_grouped_kernel(
+    x_ptr, w_ptr, ws_ptr, idx_ptr, ow_ptr, b_ptr, y_ptr,
+    M, N, K, n_out,
+    stride_xm, stride_wn, stride_own, stride_ym,
+    HAS_BIAS: tl.constexpr, OUT_PAD: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_O: tl.constexpr,
+    GROUP: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    pid_n, pid_m = tl.program_id(0), tl.program_id(1)
+    rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)  # [BM]
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)  # [BN]
+    m_ok, n_ok = rm < M, rn < N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k0 in range(0, K, GROUP):  # K % GROUP == 0 (checked)
+        k = k0 + tl.arange(0, GROUP)  # [G]
+        keep = ~_is_outlier(k, idx_ptr, n_out, OUT_PAD)
+        x = tl.load(x_ptr + rm[:, None] * stride_xm + k[None, :], mask=m_ok[:, None] & keep[None, :], other=0.0).to(tl.float32)
+        xs = tl.maximum(tl.max(tl.abs(x), 1), 1e-12) / INT8_MAX  # [BM]: this block's step per token
+        v = tl.clamp(x / xs[:, None], -INT8_MAX, INT8_MAX)
+        xq = ((v + ROUND_MAGIC) - ROUND_MAGIC).to(tl.int8)  # [BM, G]
+        w = tl.load(w_ptr + rn[None, :] * stride_wn + k[:, None], mask=n_ok[None, :], other=0)  # [G, BN]
+        acc += tl.dot(xq, w).to(tl.float32) * xs[:, None]
+    ws = tl.load(ws_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
+    y = acc * ws[None, :]
+    y += _outlier_product(x_ptr, idx_ptr, ow_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own,
+                          DOT_DTYPE, PRECISION, BLOCK_N, BLOCK_O)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+def grouped_configs(decode: bool) -> list[triton.Config]:
+    """scaled_matmul_configs' output tiles; the K tile is the activation block (GROUP)."""
+    tiles = {(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"]): c for c in scaled_matmul_configs(decode)}
+    return [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=c.num_warps, num_stages=c.num_stages)
+            for (bm, bn), c in tiles.items()]
+
+
 _decode = triton.autotune(configs=scaled_matmul_configs(True), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
 _prefill = triton.autotune(configs=scaled_matmul_configs(False), key=["N", "K", "OUT_PAD"])(_int8_outlier_matmul_kernel)
+_grouped_decode = triton.autotune(configs=grouped_configs(True), key=["N", "K", "OUT_PAD", "GROUP"])(_int8_grouped_kernel)
+_grouped_prefill = triton.autotune(configs=grouped_configs(False), key=["N", "K", "OUT_PAD", "GROUP"])(_int8_grouped_kernel)
 
 
-def _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias) -> None:
+def _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias, act_group) -> None:
+    if act_group and (act_group < 16 or act_group & (act_group - 1) or x.shape[-1] % act_group):
+        raise ValueError(f"act_group must be 0 or a power of two >= 16 dividing in_features {x.shape[-1]}, got {act_group}")
     check_dtype("x", x, FLOAT_DTYPES)
     check_dtype("weight", weight, (torch.int8,))
     if weight.dim() != 2 or weight.shape[1] != x.shape[-1]:
@@ -118,19 +162,22 @@ def _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias) -> None:
                  outlier_weight=outlier_weight, bias=bias)
 
 
-def int8_outlier_matmul(x, weight, weight_scale, outlier_idx, outlier_weight, bias=None) -> torch.Tensor:
+def int8_outlier_matmul(x, weight, weight_scale, outlier_idx, outlier_weight, bias=None, act_group: int = 0) -> torch.Tensor:
     """y [..., O] in x's dtype; same contract as ``reference.int8_outlier_matmul``."""
-    _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias)
+    _check(x, weight, weight_scale, outlier_idx, outlier_weight, bias, act_group)
     x2 = x.reshape(-1, x.shape[-1]).contiguous()  # [M, I]
     weight, outlier_weight, outlier_idx = weight.contiguous(), outlier_weight.contiguous(), outlier_idx.contiguous()
     (m, k), n, n_out = x2.shape, weight.shape[0], outlier_idx.numel()
     y = torch.empty(m, n, device=x.device, dtype=x.dtype)  # [M, O]
     grid = lambda meta: (triton.cdiv(n, meta["BLOCK_N"]), triton.cdiv(m, meta["BLOCK_M"]))  # noqa: E731
-    (_decode if m <= DECODE_MAX_M else _prefill)[grid](
+    decode = m <= DECODE_MAX_M
+    kernel, blocks = ((_grouped_decode if decode else _grouped_prefill), {"GROUP": act_group}) if act_group else \
+        ((_decode if decode else _prefill), {})
+    kernel[grid](
         x2, weight, weight_scale.contiguous(), outlier_idx, outlier_weight, x2 if bias is None else bias, y,
         m, n, k, n_out,
         x2.stride(0), weight.stride(0), outlier_weight.stride(0), y.stride(0),
         HAS_BIAS=bias is not None, OUT_PAD=triton.next_power_of_2(max(n_out, 1)),
-        BLOCK_O=16, **dot_operands(x.dtype),
+        BLOCK_O=16, **blocks, **dot_operands(x.dtype),
     )
     return y.view(*x.shape[:-1], n)

@@ -109,19 +109,28 @@ def int8_outlier_matmul(
     outlier_idx: torch.Tensor,  # [k] int32 input dims kept in floating point (k may be 0)
     outlier_weight: torch.Tensor,  # [O, k] fp16: the weight's columns at outlier_idx
     bias: torch.Tensor | None = None,  # [O]
+    act_group: int = 0,  # x's steps per token and block of this many inputs; 0: one per token
 ) -> torch.Tensor:
     """y [..., O] in x's dtype: LLM.int8 with static outlier dims.
 
     The outlier slice of x times ``outlier_weight`` runs in x's dtype; the rest of x (the
     outlier dims zeroed) is quantized per token to int8 (absmax), multiplied with the int8
-    weight in int32 and rescaled by token scale x row scale.
+    weight in int32 and rescaled by token scale x row scale. With ``act_group`` each block of
+    that many inputs of a token takes its own step (absmax of the block / 127); the blocks'
+    products are then summed in fp32 (each exact: at most 127^2 x act_group).
     """
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])  # [M, I]
     idx = outlier_idx.long()
-    xq, xs = quantize_per_token_int8(x2.index_fill(-1, idx, 0))  # [M, I] int8, [M, 1]
-    acc = int8_gemm(xq, weight.t())  # [M, O] int32
-    y = acc.float() * xs * weight_scale.float().t()  # [M, O]
+    rest = x2.index_fill(-1, idx, 0)  # [M, I]
+    if act_group:
+        xq, xs = quantize_per_token_int8(rest.reshape(-1, act_group))  # [M * I/G, G] int8, [M * I/G, 1]
+        xd = (xq.float() * xs).view(x2.shape)  # [M, I]: x as rounded
+        y = (xd @ weight.float().t()) * weight_scale.float().t()  # [M, O]
+    else:
+        xq, xs = quantize_per_token_int8(rest)  # [M, I] int8, [M, 1]
+        acc = int8_gemm(xq, weight.t())  # [M, O] int32
+        y = acc.float() * xs * weight_scale.float().t()  # [M, O]
     if idx.numel():
         y = y + (x2[:, idx] @ outlier_weight.to(x.dtype).t()).float()
     y = y.to(x.dtype)

@@ -52,7 +52,9 @@ def int8_spec(model: Decoder, cfg: QuantConfig) -> Int8Spec:
         narrow = min(m.in_features for m in quantized_linears(model).values())
         if cfg.outlier_topk > narrow:
             raise UserError(f"--outlier-topk {cfg.outlier_topk} is larger than the narrowest Linear input ({narrow} features)")
-    return Int8Spec(cfg.outlier_threshold, cfg.outlier_topk, cfg.smooth_alpha)
+    if cfg.act_group_size and any(m.in_features % cfg.act_group_size for m in quantized_linears(model).values()):
+        raise UserError(f"--act-group-size {cfg.act_group_size} does not divide every Linear's inputs; try 32 or 16")
+    return Int8Spec(cfg.outlier_threshold, cfg.outlier_topk, cfg.smooth_alpha, cfg.act_group_size)
 
 
 def method_spec(model: Decoder, cfg: QuantConfig) -> Spec:

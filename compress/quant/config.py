@@ -39,6 +39,7 @@ class QuantConfig:
     outlier_topk: int | None = None  # int8: instead, the K largest dims per Linear (0 = no split)
     static_activations: bool = False  # fp8: calibrated per-tensor input scales instead of per-token
     smooth_alpha: float = SMOOTH_ALPHA  # int8: 0 = no SmoothQuant migration
+    act_group_size: int = 0  # int8: x's steps per token and block of this many inputs; 0 = one step per token
     dtype: str | None = None  # stored dtype of unquantized tensors and scales; None: the source checkpoint's
     gguf_type: str | None = None  # --format gguf: llama.cpp's file type; None: Q4_K_M for 4 bits, Q8_0 for int8
 
@@ -98,6 +99,11 @@ class QuantConfig:
             raise UserError(f"--smooth-alpha must be in [0, 1], got {self.smooth_alpha}")
         if self.method != "int8" and self.smooth_alpha != SMOOTH_ALPHA:
             raise UserError(f"--smooth-alpha applies to --method int8, not {self.method}")
+        g = self.act_group_size
+        if g and (g < 16 or g & (g - 1)):
+            raise UserError(f"--act-group-size must be a power of two >= 16 (0: one step per token), got {g}")
+        if self.act_group_size and self.method != "int8":
+            raise UserError(f"--act-group-size applies to --method int8, not {self.method}")
         if self.static_activations and self.method != "fp8":
             raise UserError(f"--static-activations applies to --method fp8, not {self.method}")
         if self.method == "fp8":

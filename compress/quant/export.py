@@ -58,7 +58,8 @@ def int8_config(spec: Int8Spec, arch: Arch, ignore: list[str]) -> dict:
         "quant_method": INT8_METHOD,
         "version": 1,
         "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
-        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "token", "dynamic": True},
+        "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True}
+        | ({"strategy": "group", "group_size": spec.act_group} if spec.act_group else {"strategy": "token"}),
         "outliers": {"threshold": spec.outlier_threshold, "topk": spec.outlier_topk, "dtype": "float16"},
         "smoothing": {"alpha": spec.smooth_alpha, "folded_into": ", ".join(smoothed_norms(arch))},
         "ignore": ignore,
@@ -94,7 +95,9 @@ def spec_from_config(qc: dict) -> Spec:
     if qc.get("quant_method") == GGUF_METHOD:
         return GgufSpec(qc["types"])
     if qc.get("quant_method") == INT8_METHOD:
-        return Int8Spec(qc["outliers"]["threshold"], qc["outliers"]["topk"], qc.get("smoothing", {}).get("alpha", 0.0))
+        act = qc.get("input_activations", {})
+        return Int8Spec(qc["outliers"]["threshold"], qc["outliers"]["topk"], qc.get("smoothing", {}).get("alpha", 0.0),
+                        act.get("group_size", 0) if act.get("strategy") == "group" else 0)
     if qc.get("quant_method") != "compressed-tensors" or qc.get("format") not in (PACKED, FLOAT):
         raise UserError(
             f"unsupported quantization_config (quant_method={qc.get('quant_method')}, format={qc.get('format')}); "
@@ -165,7 +168,8 @@ def empty_module(spec: Spec, lin: torch.nn.Linear, name: str, ckpt: Checkpoint) 
         if isinstance(spec, GgufSpec):
             return GgufLinear(lin.in_features, lin.out_features, spec.types[name], bias)
         if isinstance(spec, Int8Spec):
-            return Int8OutlierLinear(lin.in_features, lin.out_features, ckpt.shape(f"{name}.outlier_idx")[0], bias, torch.float32)
+            return Int8OutlierLinear(lin.in_features, lin.out_features, ckpt.shape(f"{name}.outlier_idx")[0], bias, torch.float32,
+                                     spec.act_group)
         if isinstance(spec, Fp8Spec):
             return Fp8Linear(lin.in_features, lin.out_features, spec.static_activations, bias, torch.float32)
         return PackedLinear(lin.in_features, lin.out_features, spec, bias, torch.float32)

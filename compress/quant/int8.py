@@ -16,6 +16,7 @@ class Int8Spec:
     outlier_threshold: float  # input dims whose calibration max |x| reaches this
     outlier_topk: int | None  # instead: the K dims with the largest max |x| (0 = no split)
     smooth_alpha: float = 0.0  # SmoothQuant migration strength on the norm-fed Linears (0 = none)
+    act_group: int = 0  # x's int8 steps per token and block of this many inputs (0: one step per token)
 
 
 def outlier_dims(absmax: torch.Tensor | None, spec: Int8Spec) -> torch.Tensor:

@@ -68,12 +68,12 @@ class Int8OutlierLinear(nn.Module):
     """LLM.int8 with calibrated outlier dims (see compress/quant/int8.py and docs/formats.md).
 
     weight int8 [O, I] (outlier columns zero), weight_scale [O, 1], outlier_idx int32 [k],
-    outlier_weight fp16 [O, k].
+    outlier_weight fp16 [O, k]. act_group: x's int8 steps per token and block of that many inputs (0: per token).
     """
 
-    def __init__(self, in_features: int, out_features: int, num_outliers: int, bias: bool, dtype: torch.dtype):
+    def __init__(self, in_features: int, out_features: int, num_outliers: int, bias: bool, dtype: torch.dtype, act_group: int = 0):
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
+        self.in_features, self.out_features, self.act_group = in_features, out_features, act_group
         self.register_buffer("weight", torch.zeros(out_features, in_features, dtype=torch.int8))
         self.register_buffer("weight_scale", torch.zeros(out_features, 1, dtype=dtype))
         self.register_buffer("outlier_idx", torch.zeros(num_outliers, dtype=torch.int32))
@@ -81,9 +81,9 @@ class Int8OutlierLinear(nn.Module):
         self.bias = nn.Parameter(torch.zeros(out_features, dtype=dtype)) if bias else None
 
     @classmethod
-    def from_float(cls, linear: nn.Linear, outlier_idx: torch.Tensor) -> "Int8OutlierLinear":
+    def from_float(cls, linear: nn.Linear, outlier_idx: torch.Tensor, act_group: int = 0) -> "Int8OutlierLinear":
         w = linear.weight.detach()
-        new = cls(linear.in_features, linear.out_features, outlier_idx.numel(), linear.bias is not None, w.dtype)
+        new = cls(linear.in_features, linear.out_features, outlier_idx.numel(), linear.bias is not None, w.dtype, act_group)
         q, scale, outliers = int8.split_weight(w, outlier_idx.to(w.device))
         new.weight.copy_(q)
         new.weight_scale.copy_(scale)
@@ -94,10 +94,12 @@ class Int8OutlierLinear(nn.Module):
         return new.to(w.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return kernels.int8_outlier_matmul(x, self.weight, self.weight_scale, self.outlier_idx, self.outlier_weight, self.bias)
+        return kernels.int8_outlier_matmul(x, self.weight, self.weight_scale, self.outlier_idx, self.outlier_weight, self.bias,
+                                           self.act_group)
 
     def extra_repr(self) -> str:
-        return f"in={self.in_features}, out={self.out_features}, outliers={self.outlier_idx.numel()}"
+        steps = f", x steps per {self.act_group} inputs" if self.act_group else ""
+        return f"in={self.in_features}, out={self.out_features}, outliers={self.outlier_idx.numel()}{steps}"
 
 
 class Fp8Linear(nn.Module):

@@ -72,14 +72,14 @@ def int8_quantize(model: Decoder, spec: Int8Spec, calib: torch.Tensor | None, do
     """Int8OutlierLinear everywhere; ``calib`` may be None only for top-0 (no split) without smoothing."""
     if calib is None:
         def swap(block: nn.Module) -> None:
-            swap_linears(block, lambda _, lin: Int8OutlierLinear.from_float(lin, outlier_dims(None, spec)))
+            swap_linears(block, lambda _, lin: Int8OutlierLinear.from_float(lin, outlier_dims(None, spec), spec.act_group))
 
         each_block(model, swap, "int8", done)
         return {}
     smooth = smooth_block(spec.smooth_alpha) if spec.smooth_alpha > 0 else None
 
     def make(_, lin: nn.Linear, absmax: torch.Tensor) -> Int8OutlierLinear:
-        return Int8OutlierLinear.from_float(lin, outlier_dims(absmax, spec))
+        return Int8OutlierLinear.from_float(lin, outlier_dims(absmax, spec), spec.act_group)
 
     return calibrated_swap(model, calib, make, "int8 outliers", smooth, done, routed)
 

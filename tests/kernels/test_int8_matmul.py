@@ -31,6 +31,13 @@ def test_matches_reference(m, k, device):
     assert_matches(kernel.int8_outlier_matmul(*args), reference.int8_outlier_matmul(*args))
 
 
+@pytest.mark.parametrize("m", [1, 19])
+@pytest.mark.parametrize("group", [16, 32])
+def test_steps_per_block_of_inputs_match_reference(m, group, device):
+    args = operands(m, 37, 96, 5, device=device)
+    assert_matches(kernel.int8_outlier_matmul(*args, act_group=group), reference.int8_outlier_matmul(*args, act_group=group))
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_precision(dtype, device):
     args = operands(5, 40, 64, 4, dtype, device)
@@ -45,6 +52,8 @@ def test_rejects_bad_inputs():
         kernel.int8_outlier_matmul(x, q, scale, idx, outliers[:, :1], bias)
     with pytest.raises(ValueError, match="outlier_idx must be"):
         kernel.int8_outlier_matmul(x, q, scale, idx.long(), outliers, bias)
+    with pytest.raises(ValueError, match="act_group must be"):
+        kernel.int8_outlier_matmul(x, q, scale, idx, outliers, bias, act_group=24)
 
 
 @pytest.mark.cuda
