@@ -68,6 +68,18 @@ def _outlier_product(x_ptr, idx_ptr, ow_ptr, rm, m_ok, rn, n_ok, n_out, stride_x
 
 
 @triton.jit
+def _finish(y, x_ptr, idx_ptr, ow_ptr, b_ptr, y_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own, stride_ym,
+            HAS_BIAS: tl.constexpr, DOT_DTYPE: tl.constexpr, PRECISION: tl.constexpr, BLOCK_N: tl.constexpr,
+            BLOCK_O: tl.constexpr):
+    """Store y [BM, BN] (the rescaled int8 product) plus the outlier slice's product and the bias."""
+    y += _outlier_product(x_ptr, idx_ptr, ow_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own,
+                          DOT_DTYPE, PRECISION, BLOCK_N, BLOCK_O)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
+    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+
+
+@triton.jit
 def _int8_outlier_matmul_kernel(
     x_ptr, w_ptr, ws_ptr, idx_ptr, ow_ptr, b_ptr, y_ptr,
     M, N, K, n_out,
@@ -91,11 +103,8 @@ def _int8_outlier_matmul_kernel(
         acc = tl.dot(xq, w, acc)
     ws = tl.load(ws_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
     y = acc.to(tl.float32) * xs[:, None] * ws[None, :]
-    y += _outlier_product(x_ptr, idx_ptr, ow_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own,
-                          DOT_DTYPE, PRECISION, BLOCK_N, BLOCK_O)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    _finish(y, x_ptr, idx_ptr, ow_ptr, b_ptr, y_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own, stride_ym,
+            HAS_BIAS, DOT_DTYPE, PRECISION, BLOCK_N, BLOCK_O)
 
 
 @triton.jit
@@ -122,11 +131,8 @@ def _int8_grouped_kernel(
         acc += tl.dot(xq, w).to(tl.float32) * xs[:, None]
     ws = tl.load(ws_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)  # [BN]
     y = acc * ws[None, :]
-    y += _outlier_product(x_ptr, idx_ptr, ow_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own,
-                          DOT_DTYPE, PRECISION, BLOCK_N, BLOCK_O)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rn, mask=n_ok, other=0.0).to(tl.float32)[None, :]
-    tl.store(y_ptr + rm[:, None] * stride_ym + rn[None, :], y.to(y_ptr.dtype.element_ty), mask=m_ok[:, None] & n_ok[None, :])
+    _finish(y, x_ptr, idx_ptr, ow_ptr, b_ptr, y_ptr, rm, m_ok, rn, n_ok, n_out, stride_xm, stride_own, stride_ym,
+            HAS_BIAS, DOT_DTYPE, PRECISION, BLOCK_N, BLOCK_O)
 
 
 def grouped_configs(decode: bool) -> list[triton.Config]:

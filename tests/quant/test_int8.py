@@ -54,16 +54,23 @@ def test_calibration_finds_planted_dims(tmp_path):
     assert stats["model.layers.0.self_attn.q_proj"].shape == (64,)
 
 
-def test_steps_per_block_of_inputs_beat_one_per_token(tmp_path):
+def relative_errors(tmp_path, configs: dict) -> dict:
+    """{key: the planted model's relative logit error quantized by configs[key]}."""
     src = planted_model(tmp_path)
     fp = load_model(src)
     ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
     errors = {}
-    for group in (0, 16):
+    for key, cfg in configs.items():
         model = load_model(src)
-        quantize(model, QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0, act_group_size=group))
+        quantize(model, cfg, calib_tokens() if cfg.needs_calibration else None)
         with torch.no_grad():
-            errors[group] = ((model(ids) - fp(ids)).norm() / fp(ids).norm()).item()
+            errors[key] = ((model(ids) - fp(ids)).norm() / fp(ids).norm()).item()
+    return errors
+
+
+def test_steps_per_block_of_inputs_beat_one_per_token(tmp_path):
+    errors = relative_errors(tmp_path, {g: QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0, act_group_size=g)
+                                        for g in (0, 16)})
     assert errors[16] * 1.3 < errors[0], errors  # measured 1.5x: without a split the planted dims coarsen only their blocks
 
 
@@ -73,16 +80,7 @@ def test_act_group_size_must_divide_every_linear(tmp_path):
 
 
 def test_split_beats_no_split(tmp_path):
-    src = planted_model(tmp_path)
-    fp = load_model(src)
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
-    errors = {}
-    for topk in (None, 0):
-        model = load_model(src)
-        cfg = QuantConfig(method="int8", outlier_topk=topk, smooth_alpha=0.0)
-        quantize(model, cfg, calib_tokens() if cfg.needs_calibration else None)
-        with torch.no_grad():
-            errors[topk] = ((model(ids) - fp(ids)).norm() / fp(ids).norm()).item()
+    errors = relative_errors(tmp_path, {k: QuantConfig(method="int8", outlier_topk=k, smooth_alpha=0.0) for k in (None, 0)})
     assert errors[None] * 2 < errors[0], errors
 
 
@@ -124,13 +122,5 @@ def test_smoothing_folds_exactly_and_rescales_the_statistics(tmp_path):
 
 
 def test_smoothing_beats_plain_int8_without_a_split(tmp_path):
-    src = planted_model(tmp_path)
-    fp = load_model(src)
-    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(1))
-    errors = {}
-    for alpha in (0.0, 0.5):
-        model = load_model(src)
-        quantize(model, QuantConfig(method="int8", outlier_threshold=1e9, smooth_alpha=alpha), calib_tokens())
-        with torch.no_grad():
-            errors[alpha] = ((model(ids) - fp(ids)).norm() / fp(ids).norm()).item()
+    errors = relative_errors(tmp_path, {a: QuantConfig(method="int8", outlier_threshold=1e9, smooth_alpha=a) for a in (0.0, 0.5)})
     assert errors[0.5] * 1.5 < errors[0.0], errors
