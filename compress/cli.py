@@ -77,8 +77,8 @@ def quantize(model, method, bits, group_size, symmetric, fmt, rounding, tune_ite
 
     cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
                       outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
-                      smooth_alpha=smooth_alpha, act_group_size=act_group_size, rounding=rounding, dtype=dtype, gguf_type=gguf_type, tune_iters=tune_iters,
-                      tune_dtype=tune_dtype)
+                      smooth_alpha=smooth_alpha, act_group_size=act_group_size, rounding=rounding, dtype=dtype, gguf_type=gguf_type,
+                      tune_iters=tune_iters, tune_dtype=tune_dtype)
     (run_quantize_gguf if cfg.format == "gguf" else run_quantize)(model, cfg, output, force, verbose)
 
 

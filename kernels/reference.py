@@ -116,8 +116,8 @@ def int8_outlier_matmul(
     The outlier slice of x times ``outlier_weight`` runs in x's dtype; the rest of x (the
     outlier dims zeroed) is quantized per token to int8 (absmax), multiplied with the int8
     weight in int32 and rescaled by token scale x row scale. With ``act_group`` each block of
-    that many inputs of a token takes its own step (absmax of the block / 127); the blocks'
-    products are then summed in fp32 (each exact: at most 127^2 x act_group).
+    that many inputs of a token takes its own step (absmax of the block / 127); x as rounded
+    (each code times its block's step) then meets the int8 weight in one fp32 product.
     """
     shape = x.shape
     x2 = x.reshape(-1, shape[-1])  # [M, I]

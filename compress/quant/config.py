@@ -102,7 +102,7 @@ class QuantConfig:
         g = self.act_group_size
         if g and (g < 16 or g & (g - 1)):
             raise UserError(f"--act-group-size must be a power of two >= 16 (0: one step per token), got {g}")
-        if self.act_group_size and self.method != "int8":
+        if g and self.method != "int8":
             raise UserError(f"--act-group-size applies to --method int8, not {self.method}")
         if self.static_activations and self.method != "fp8":
             raise UserError(f"--static-activations applies to --method fp8, not {self.method}")
