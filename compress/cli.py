@@ -39,7 +39,7 @@ def cli(ctx):
 @click.option("--bits", type=int, default=4, show_default=True, help="4 or 3 (awq, rtn)")
 @click.option("--group-size", type=int, default=None, help="input columns per scale [default: 128, or 64/32 if 128 does not divide]")
 @click.option("--symmetric", is_flag=True, help="symmetric quantization (no zero points)")
-@click.option("--format", "fmt", type=click.Choice(["compressed-tensors", "awq", "gguf"]), default="compressed-tensors",
+@click.option("--format", type=click.Choice(["compressed-tensors", "awq", "gguf"]), default="compressed-tensors",
               show_default=True, help="gguf: one llama.cpp/Ollama file (-o OUT.gguf) of --gguf-type")
 @click.option("--gguf-type", type=click.Choice(["Q4_K_M", "Q4_0", "Q4_1", "Q8_0", "F16", "F32"]), default=None,
               help="--format gguf: llama.cpp's file type [default: Q4_K_M; Q8_0 for --method int8]")
@@ -67,18 +67,13 @@ def cli(ctx):
 @click.option("-o", "--output", required=True, help="output directory (a .gguf file for --format gguf)")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")
-def quantize(model, method, bits, group_size, symmetric, fmt, rounding, tune_iters, tune_dtype, calib_data, calib_samples, calib_seq_len, seed,
-             outlier_threshold, outlier_topk, static_activations, smooth_alpha, act_group_size, dtype, gguf_type, output, force,
-             verbose):
+def quantize(model, output, force, verbose, **options):
     """Quantize MODEL (HF dir, .gguf, or smollm2-135m) and write a compressed checkpoint."""
     from compress.quant.config import QuantConfig
     from compress.commands.quantize import run_quantize
     from compress.commands.quantize_gguf import run_quantize_gguf
 
-    cfg = QuantConfig(method, bits, group_size, symmetric, fmt, calib_data, calib_samples, calib_seq_len, seed,
-                      outlier_threshold=outlier_threshold, outlier_topk=outlier_topk, static_activations=static_activations,
-                      smooth_alpha=smooth_alpha, act_group_size=act_group_size, rounding=rounding, dtype=dtype, gguf_type=gguf_type,
-                      tune_iters=tune_iters, tune_dtype=tune_dtype)
+    cfg = QuantConfig(**options)  # every option but the output's is one of its fields, by the same name
     (run_quantize_gguf if cfg.format == "gguf" else run_quantize)(model, cfg, output, force, verbose)
 
 

@@ -1,10 +1,11 @@
 """Compute kernels, installed as ``compress.kernels``.
 
 Each op runs a Triton kernel on CUDA tensors and the plain-torch reference (``reference.py``)
-everywhere else, so the CPU runtime runs the same code path end to end; two exceptions: fp32 paged
+everywhere else, so the CPU runtime runs the same code path end to end; three exceptions: fp32 paged
 attention on CPU runs a small C kernel (``paged_attention_cpu.py``) where the machine's C compiler
-builds it, and int4 (any width dividing 32) is unpacked by word arithmetic (``packed_words.py``, ~8x the
-reference's bit planes, the same numbers). Layouts: docs/kernels.md.
+builds it, LLM.int8 on CPU multiplies x as the reference rounds it by the int8 codes in C
+(``int8_outlier_cpu.py``), and int4 (any width dividing 32) is unpacked by word arithmetic
+(``packed_words.py``, ~8x the reference's bit planes, the same numbers). Layouts: docs/kernels.md.
 
 Three kernel modules share their op's name (``dequant_matmul``, ``fp8_matmul``,
 ``paged_attention``). Python binds a submodule as an attribute of its package when the submodule
@@ -19,7 +20,7 @@ from compress.kernels import fp8_matmul as _fp8_matmul_kernel
 from compress.kernels import fused_moe as _fused_moe_kernel
 from compress.kernels import int8_matmul as _int8_matmul_kernel
 from compress.kernels import paged_attention as _paged_attention_kernel
-from compress.kernels import packed_words, paged_attention_cpu
+from compress.kernels import int8_outlier_cpu, packed_words, paged_attention_cpu
 from compress.kernels import reference
 
 __all__ = ["dequant_matmul", "dequantize_packed", "fp8_matmul", "fused_moe_int4", "int8_outlier_matmul", "paged_attention"]
@@ -52,7 +53,10 @@ def dequantize_packed(packed: torch.Tensor, scale, zero_packed, bits: int, in_fe
 def int8_outlier_matmul(x: torch.Tensor, weight, weight_scale, outlier_idx, outlier_weight, bias=None, act_group: int = 0):
     """y [..., O]: LLM.int8 with static outlier dims (int8 weight + fp outlier columns); act_group: x's int8 steps per
     token and block of that many inputs (0: one per token)."""
-    op = _int8_matmul_kernel.int8_outlier_matmul if x.is_cuda else reference.int8_outlier_matmul
+    if x.is_cuda:
+        op = _int8_matmul_kernel.int8_outlier_matmul
+    else:
+        op = int8_outlier_cpu.int8_outlier_matmul if int8_outlier_cpu.supports(x) else reference.int8_outlier_matmul
     return op(x, weight, weight_scale, outlier_idx, outlier_weight, bias, act_group)
 
 
