@@ -12,7 +12,7 @@ at 1-8 rows). docs/results/quality.md has the timings.
 import torch
 
 from compress.kernels import int8_rows_cpu
-from compress.kernels.reference import quantize_per_token_int8
+from compress.kernels.reference import int8_epilogue, quantize_per_token_int8
 
 PANEL_ROWS = 32  # from this many rows on the panel GEMM beat the row kernel on every measured shape
 
@@ -34,9 +34,4 @@ def int8_outlier_matmul(x, weight, weight_scale, outlier_idx, outlier_weight, bi
     packed = (weight.contiguous(), weight_scale.float().view(-1).contiguous())  # [O, I] int8, [O] fp32
     run = int8_rows_cpu.panel if x2.shape[0] >= PANEL_ROWS else int8_rows_cpu.unchecked
     y = run(xd, packed)  # [M, O] fp32
-    if idx.numel():
-        y = y + (x2[:, idx] @ outlier_weight.to(x.dtype).t()).float()
-    y = y.to(x.dtype)
-    if bias is not None:
-        y = y + bias
-    return y.view(*shape[:-1], -1)
+    return int8_epilogue(y, x2, idx, outlier_weight, bias, shape)

@@ -131,9 +131,16 @@ def int8_outlier_matmul(
         xq, xs = quantize_per_token_int8(rest)  # [M, I] int8, [M, 1]
         acc = int8_gemm(xq, weight.t())  # [M, O] int32
         y = acc.float() * xs * weight_scale.float().t()  # [M, O]
+    return int8_epilogue(y, x2, idx, outlier_weight, bias, shape)
+
+
+def int8_epilogue(y: torch.Tensor, x2: torch.Tensor, idx: torch.Tensor, outlier_weight: torch.Tensor,
+                  bias: torch.Tensor | None, shape: torch.Size) -> torch.Tensor:
+    """y [M, O] fp32, the int8 part's product, plus the outlier slice's (x2 [M, I] at idx) and the bias: [..., O]
+    (``shape``'s leading dims) in x2's dtype."""
     if idx.numel():
-        y = y + (x2[:, idx] @ outlier_weight.to(x.dtype).t()).float()
-    y = y.to(x.dtype)
+        y = y + (x2[:, idx] @ outlier_weight.to(x2.dtype).t()).float()
+    y = y.to(x2.dtype)
     if bias is not None:
         y = y + bias
     return y.view(*shape[:-1], -1)
