@@ -81,6 +81,7 @@ def targets(plan: Plan) -> list[Target]:
         Target("int4 GEMV, M=1, share of HBM bandwidth", "int4_m1_peak_pct", ">=", 70, "%"),
         Target("int3 GEMV, M=1 vs bf16 matmul", "int3_m1_speedup", ">=", 3.5),
         Target("int8+outliers, M=1 vs bf16 matmul", "int8+outliers_m1_speedup", ">=", 1.7),
+        Target("int8+outliers, x's steps per 32 inputs, M=1 vs bf16 matmul", "int8+outliers g32_m1_speedup", ">=", 1.7),
         Target("fp8, M=1 vs bf16 matmul", "fp8_m1_speedup", ">=", 1.7),
         Target("kernel outputs off reference.py (every shape and M)", "kernel_mismatches", "<=", 0, ""),
         Target("engine int4 batch-1 decode, share of its H200 roofline bound", "engine_int4_b1_of_bound", ">=", 60, "%"),
@@ -111,7 +112,7 @@ def kernel_figures(result: dict) -> dict:
     bf16 time / kernel time and the share of peak bandwidth; and the number of outputs off the reference."""
     rows = result.get("rows") or []
     out = {"kernel_mismatches": sum(not r["match"] for r in rows) if rows else None}
-    for op in ("int4", "int3", "int8+outliers", "fp8"):
+    for op in ("int4", "int3", "int8+outliers", "int8+outliers g32", "fp8"):
         rs = [r for r in rows if r["op"] == op and r["model"] == result.get("target_model") and r["M"] == 1]
         if rs:
             ms = sum(r["per_layer"] * r["ms"] for r in rs)

@@ -33,7 +33,9 @@ def test_dry_run_runs_every_phase(tmp_path):
     measured = {t["figure"] for t in doc["targets"] if t["status"] != "missing"}
     assert measured == {t.figure for t in targets(DRY)} - {"int4_m1_peak_pct"}  # no peak bandwidth on a CPU
     kernels = doc["phases"]["kernels"]
-    assert len(kernels["rows"]) == 4 * len(DRY.batch) + len(DRY.attention) and all(r["match"] for r in kernels["rows"])
+    ops = {"int4", "int3", "int8+outliers", "int8+outliers g32", "fp8"}
+    assert {r["op"] for r in kernels["rows"]} == ops | {"paged attention"}
+    assert len(kernels["rows"]) == len(ops) * len(DRY.batch) + len(DRY.attention) and all(r["match"] for r in kernels["rows"])
     assert doc["figures"]["greedy_mismatches"] == 0 and doc["figures"]["kernel_mismatches"] == 0
     assert [len(rows) for rows in doc["phases"]["engine"]["rows"]] == [len(DRY.engine_batches)] * 2
     assert doc["phases"]["cuda_tests"]["tests"] > 0  # collected (and skipped: no CUDA here)
