@@ -1,12 +1,12 @@
 """LLM.int8 with static outlier dims on CPU (``reference.int8_outlier_matmul``'s contract): x rounded to int8 per
 token (or per token and block of ``act_group`` inputs) as the reference rounds it, then x as rounded times the int8
-weight by ``int8_rows_cpu``'s C kernels, which widen the codes in registers. Imports only torch, the standard
-library and the shared checks (torch and triton).
+weight by ``int8_rows_cpu``'s C kernels, which widen the codes in registers. Imports only torch and its sibling
+kernel modules.
 
-Why: the reference either multiplies int8 by int8 with ``torch._int_mm`` (one step per token; on a 2-core Xeon
-3.5x slower than this for one 14336 x 4096 row, 1.6-3x for 8-512 rows) or, with steps per block, widens the
-whole weight to fp32 on every call (4x its bytes as a temporary: 235 MB for 14336 x 4096; 6-23x slower than this
-at 1-8 rows). docs/results/quality.md has the timings.
+Why: the reference copies the whole weight on every call, to float64 for its exact int32 product (one step per
+token, beyond 4 rows) or to fp32 (steps per block). On a 2-core Xeon, Llama-3-8B shapes, this is 29-38x faster at 1
+row per 32 inputs (3.3x on 1024 x 4096; 14336 x 4096: 94 -> 2.5 ms), 17-25x at 8 rows per token and 0.8-1.2x at 512
+rows, with no weight copy (the reference's reached 2 GiB for a 128256 x 4096 output layer): docs/results/speed.md.
 """
 
 import torch
@@ -14,7 +14,7 @@ import torch
 from compress.kernels import int8_rows_cpu
 from compress.kernels.reference import int8_epilogue, quantize_per_token_int8
 
-PANEL_ROWS = 32  # from this many rows on the panel GEMM beat the row kernel on every measured shape
+PANEL_ROWS = 32  # between 8 rows (the row kernel faster on every shape measured) and 64 (the panel GEMM faster)
 
 
 def supports(x: torch.Tensor) -> bool:
