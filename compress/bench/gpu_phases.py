@@ -77,15 +77,12 @@ def kernel_ops(o: int, i: int, device, dtype) -> dict:
         a = (packed, scale.to(dtype), zero, bits)
         ops[f"int{bits}"] = (lambda x, a=a: kb.dequant_matmul(x, *a), lambda x, a=a: ref.dequant_matmul(x, *a),
                              (packed.numel() + zero.numel()) * 4 + scale.numel() * 2)
-    s8 = (torch.rand(o, 1, device=device) * 0.01).to(dtype)
-    idx = torch.arange(kb.OUTLIERS, dtype=torch.int32, device=device) * (i // kb.OUTLIERS)  # [k]
-    w8 = torch.randint(-127, 128, (o, i), dtype=torch.int8, device=device).index_fill_(1, idx.long(), 0)  # the format: outliers 0
-    a8 = (w8, s8, idx, torch.randn(o, kb.OUTLIERS, device=device, dtype=torch.float16))
+    a8 = kb.int8_operands(o, i, device, dtype)
     for g in (0, 32):  # x's steps per token, and per token and 32 inputs (--act-group-size 32)
         ops["int8+outliers" + (f" g{g}" if g else "")] = (lambda x, g=g: kb.int8_outlier_matmul(x, *a8, act_group=g),
                                                             lambda x, g=g: ref.int8_outlier_matmul(x, *a8, act_group=g),
                                                             o * i + o * kb.OUTLIERS * 2)
-    a_fp8 = (torch.randn(o, i, device=device).to(torch.float8_e4m3fn), s8)
+    a_fp8 = (torch.randn(o, i, device=device).to(torch.float8_e4m3fn), a8[1])
     ops["fp8"] = (lambda x: kb.fp8_matmul(x, *a_fp8), lambda x: ref.fp8_matmul(x, *a_fp8), o * i)
     return ops
 

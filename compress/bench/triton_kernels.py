@@ -68,6 +68,15 @@ def int_operands(o: int, i: int, bits: int, device):
     return packed, scale, zero
 
 
+def int8_operands(o: int, i: int, device, dtype) -> tuple:
+    """(codes int8 [O, I] with the OUTLIERS columns zero, as the format stores them; row scales [O, 1] in dtype;
+    outlier dims int32 [k]; outlier columns fp16 [O, k])."""
+    idx = torch.arange(OUTLIERS, dtype=torch.int32, device=device) * (i // OUTLIERS)  # [k]
+    w8 = torch.randint(-127, 128, (o, i), dtype=torch.int8, device=device).index_fill_(1, idx.long(), 0)
+    s8 = (torch.rand(o, 1, device=device) * 0.01).to(dtype)
+    return w8, s8, idx, torch.randn(o, OUTLIERS, device=device, dtype=torch.float16)
+
+
 def linear_ops(o: int, i: int, device) -> dict:
     """kernel name -> (fn(x) -> y, weight bytes it reads)."""
     ops = {}
@@ -75,13 +84,10 @@ def linear_ops(o: int, i: int, device) -> dict:
         packed, scale, zero = int_operands(o, i, bits, device)
         ops[f"int{bits} g{i // scale.shape[1]}"] = (lambda x, p=packed, s=scale, z=zero, b=bits: dequant_matmul(x, p, s, z, b),
                                      (packed.numel() + zero.numel()) * 4 + scale.numel() * 2)
-    w8 = torch.randint(-127, 128, (o, i), dtype=torch.int8, device=device)
-    s8 = torch.rand(o, 1, device=device, dtype=torch.float16) * 0.01
-    idx = torch.arange(OUTLIERS, dtype=torch.int32, device=device) * (i // OUTLIERS)  # [k]
-    w_out = torch.randn(o, OUTLIERS, device=device, dtype=torch.float16)
-    ops[f"int8 +{OUTLIERS} outliers"] = (lambda x: int8_outlier_matmul(x, w8, s8, idx, w_out), o * i + o * OUTLIERS * 2)
+    a8 = int8_operands(o, i, device, torch.float16)
+    ops[f"int8 +{OUTLIERS} outliers"] = (lambda x: int8_outlier_matmul(x, *a8), o * i + o * OUTLIERS * 2)
     w_fp8 = torch.randn(o, i, device=device).to(torch.float8_e4m3fn)
-    ops["fp8 e4m3"] = (lambda x: fp8_matmul(x, w_fp8, s8), o * i)
+    ops["fp8 e4m3"] = (lambda x: fp8_matmul(x, w_fp8, a8[1]), o * i)
     return ops
 
 
