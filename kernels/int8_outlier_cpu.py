@@ -12,7 +12,7 @@ rows, with no weight copy (the reference's reached 2 GiB for a 128256 x 4096 out
 import torch
 
 from compress.kernels import int8_rows_cpu
-from compress.kernels.reference import int8_epilogue, quantize_per_token_int8
+from compress.kernels.reference import int8_epilogue, rounded_int8
 
 PANEL_ROWS = 32  # between 8 rows (the row kernel faster on every shape measured) and 64 (the panel GEMM faster)
 
@@ -29,8 +29,7 @@ def int8_outlier_matmul(x, weight, weight_scale, outlier_idx, outlier_weight, bi
     x2 = x.reshape(-1, shape[-1])  # [M, I]
     idx = outlier_idx.long()
     rest = x2.index_fill(-1, idx, 0)  # [M, I]
-    xq, xs = quantize_per_token_int8(rest.reshape(-1, act_group or shape[-1]))  # [M * I/G, G] int8, [M * I/G, 1]
-    xd = (xq.float() * xs).view(x2.shape)  # [M, I]: x as rounded
+    xd = rounded_int8(rest, act_group)  # [M, I]
     packed = (weight.contiguous(), weight_scale.float().view(-1).contiguous())  # [O, I] int8, [O] fp32
     run = int8_rows_cpu.panel if x2.shape[0] >= PANEL_ROWS else int8_rows_cpu.unchecked
     y = run(xd, packed)  # [M, O] fp32

@@ -102,6 +102,13 @@ def quantize_per_token_int8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     return torch.round(x / scale).clamp(-INT8_MAX, INT8_MAX).to(torch.int8), scale
 
 
+def rounded_int8(x: torch.Tensor, group: int) -> torch.Tensor:
+    """x [M, I] as rounded to int8 per token and block of ``group`` inputs (0: per token), in fp32: each code times
+    its step."""
+    xq, xs = quantize_per_token_int8(x.reshape(-1, group or x.shape[-1]))  # [M * I/G, G] int8, [M * I/G, 1]
+    return (xq.float() * xs).view(x.shape)
+
+
 def int8_outlier_matmul(
     x: torch.Tensor,  # [..., I] fp16 / bf16 / fp32
     weight: torch.Tensor,  # [O, I] int8, the outlier columns zero
@@ -124,8 +131,7 @@ def int8_outlier_matmul(
     idx = outlier_idx.long()
     rest = x2.index_fill(-1, idx, 0)  # [M, I]
     if act_group:
-        xq, xs = quantize_per_token_int8(rest.reshape(-1, act_group))  # [M * I/G, G] int8, [M * I/G, 1]
-        xd = (xq.float() * xs).view(x2.shape)  # [M, I]: x as rounded
+        xd = rounded_int8(rest, act_group)  # [M, I]
         y = (xd @ weight.float().t()) * weight_scale.float().t()  # [M, O]
     else:
         xq, xs = quantize_per_token_int8(rest)  # [M, I] int8, [M, 1]
