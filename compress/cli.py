@@ -44,7 +44,8 @@ def cli(ctx):
 @click.option("--gguf-type", type=click.Choice(["Q4_K_M", "Q4_0", "Q4_1", "Q8_0", "F16", "F32"]), default=None,
               help="--format gguf: llama.cpp's file type [default: Q4_K_M; Q8_0 for --method int8]")
 @click.option("--rounding", type=click.Choice(["gptq", "nearest"]), default=None,
-              help="awq: codes on the searched grids by GPTQ's error feedback (act-order), or nearest (the paper's) [default: gptq]")
+              help="awq: codes on the searched grids by GPTQ's error feedback (act-order), or nearest (the paper's) "
+                   "[default: gptq; nearest with --tune-iters]")
 @click.option("--tune-iters", type=int, default=0, show_default=True,
               help="awq: then tune the rounding on each block's output for N signed-gradient steps (AutoRound's objective; "
                    "docs/awq.md); 0: off")

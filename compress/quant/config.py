@@ -30,7 +30,8 @@ class QuantConfig:
     clip_search: bool = True  # AWQ: search each group's grid (range and scale) after scaling
     tune_iters: int = 0  # awq: signed-gradient steps on each block's output after the searches (block_tune.py); 0 = none
     tune_dtype: str | None = None  # their matmuls: "float32" or "bfloat16"; None: bf16 where the hardware has it natively
-    rounding: str | None = None  # awq, fp8: "gptq" (error feedback; None means this) or "nearest" (the paper's, the old fp8)
+    rounding: str | None = None  # awq, fp8: "gptq" (error feedback) or "nearest" (the paper's, the old fp8); None: gptq,
+    # or nearest for awq with tune_iters
     # The search losses are measured on a sample of the calibration set; the statistics
     # (mean |x| per channel) use all of it. Attention needs whole sequences, the rest tokens.
     search_sequences: int = 8
@@ -73,7 +74,8 @@ class QuantConfig:
         if self.rounding is not None and self.method not in ROUNDED_METHODS:
             raise UserError(f"--rounding applies to --method awq and fp8, not {self.method}")
         if self.method in ROUNDED_METHODS and self.rounding is None:
-            self.rounding = ROUNDINGS[0]
+            # AWQ's tuning steps start from nearest rounding: from GPTQ's codes they end worse (docs/awq.md step 6)
+            self.rounding = "nearest" if self.method == "awq" and self.tune_iters else ROUNDINGS[0]
         if self.tune_iters < 0:
             raise UserError(f"--tune-iters must be >= 0, got {self.tune_iters}")
         if self.tune_iters and (self.method != "awq" or self.format == "gguf"):

@@ -44,3 +44,8 @@ def test_rounds_by_gptq_unless_asked_for_nearest(method):
     assert QuantConfig(method=method).rounding == "gptq" and QuantConfig(method=method).gptq
     assert not QuantConfig(method=method, rounding="nearest").gptq
     assert QuantConfig(method="rtn").rounding is None and not QuantConfig(method="rtn").gptq
+
+
+def test_awq_tuning_starts_from_nearest_rounding_unless_asked_for_gptq():
+    assert QuantConfig(method="awq", tune_iters=50).rounding == "nearest"
+    assert QuantConfig(method="awq", tune_iters=50, rounding="gptq").gptq
