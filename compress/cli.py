@@ -7,7 +7,6 @@ import click
 from compress import __version__, world
 from compress.quant.config import OUTLIER_THRESHOLD, SMOOTH_ALPHA
 
-
 EXAMPLES = {  # one per verb: `compress` with no arguments lists them
     "quantize": "compress quantize smollm2-135m --method awq --bits 4 -o out/awq-int4",
     "prune-distill": "compress prune-distill smollm2-135m --target-params 95M -o out/minitron-95m",
@@ -65,6 +64,7 @@ def cli(ctx):
               help="int8: x's steps per token and block of this many inputs, a power of two >= 16 (0: one per token)")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="dtype of the stored unquantized tensors (embeddings, norms, lm_head) and scales [default: the source's]")
+@click.option("--ignore", multiple=True, help="repeatable: keep this Linear unquantized, by full name or re:REGEX (docs/cli.md)")
 @click.option("-o", "--output", required=True, help="output directory (a .gguf file for --format gguf)")
 @click.option("--force", is_flag=True, help="replace a non-empty output directory")
 @click.option("-v", "--verbose", is_flag=True, help="print each block's search result")

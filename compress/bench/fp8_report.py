@@ -1,7 +1,9 @@
 """Where fp8's perplexity loss comes from: e4m3 weights alone, e4m3 per-token activations alone, and the
-activations of each Linear kind alone; and whether it is e4m3's subnormals or its 3-bit mantissa.
+activations of each Linear kind alone; and whether it is e4m3's subnormals or its 3-bit mantissa. With
+``--per-layer``, instead: fp8 (both) everywhere but one decoder layer, for each layer, which ranks the layers worth
+keeping unquantized (`compress quantize --ignore`).
 
-    python -m compress.bench.fp8_report --model smollm2-135m [--limit-tokens N]
+    python -m compress.bench.fp8_report --model smollm2-135m [--limit-tokens N] [--per-layer]
 
 Every row changes one thing in the unquantized model (weights stored back dense, or inputs rounded by a
 forward pre-hook) and measures WikiText-2 perplexity in 2048-token windows. "3-bit mantissa, any exponent"
@@ -37,25 +39,40 @@ def mantissa_only(x: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def fp8_weights_only(model) -> None:
-    """Every decoder Linear's weight rounded to e4m3 (per-channel scale) and stored back dense."""
-    for block in model.model.layers:
-        for kind in LAYER_LINEARS:
+def fp8_weights_only(model, but: int | None = None) -> None:
+    """Every decoder Linear's weight (but layer ``but``'s) rounded to e4m3 (per-channel scale) and stored back dense."""
+    for i, block in enumerate(model.model.layers):
+        for kind in LAYER_LINEARS if i != but else ():
             lin = block.get_submodule(kind)
             q, scale = quantize_weight(lin.weight)
             lin.weight.copy_(q.to(scale.dtype) * scale)
 
 
-def round_inputs(model, kinds: Sequence[str], rounding: Callable[[torch.Tensor], torch.Tensor]) -> None:
-    """The input of every decoder Linear of ``kinds`` rounded by ``rounding`` (weights untouched)."""
-    for block in model.model.layers:
-        for kind in kinds:
+def round_inputs(model, kinds: Sequence[str], rounding: Callable[[torch.Tensor], torch.Tensor], but: int | None = None) -> None:
+    """The input of every decoder Linear of ``kinds`` (but layer ``but``'s) rounded by ``rounding`` (weights untouched)."""
+    for i, block in enumerate(model.model.layers):
+        for kind in kinds if i != but else ():
             block.get_submodule(kind).register_forward_pre_hook(lambda _, args: (rounding(args[0]), *args[1:]))
 
 
 def fp8_activations_only(model) -> None:
     """Every decoder Linear's input rounded to e4m3 per token (absmax / 448), weights untouched."""
     round_inputs(model, LAYER_LINEARS, e4m3_per_token)
+
+
+def fp8_but(layer: int | None) -> Callable:
+    """The change to e4m3 weights (nearest) and per-token inputs in every decoder Linear but layer ``layer``'s."""
+    def change(model) -> None:
+        fp8_weights_only(model, layer)
+        round_inputs(model, LAYER_LINEARS, e4m3_per_token, layer)
+
+    return change
+
+
+def layer_rows(layers: int) -> dict[str, Callable]:
+    """Row label -> change: fp32, fp8 everywhere, and fp8 everywhere but each layer in turn."""
+    return {"fp32": lambda model: None, "fp8 weights and activations": fp8_but(None)} | {
+        f"fp8 but layer {i}": fp8_but(i) for i in range(layers)}
 
 
 def changes() -> dict[str, Callable]:
@@ -78,24 +95,29 @@ def ppl_changed(src: Path, change: Callable, tokens, pcfg: PerplexityConfig, lab
     return perplexity(model, tokens, pcfg, desc=label)
 
 
-def report(src: Path, pcfg: PerplexityConfig) -> list[tuple[str, float]]:
-    """(label, perplexity) for each row of ``changes``, each on a freshly loaded model."""
+def report(src: Path, pcfg: PerplexityConfig, rows: dict[str, Callable]) -> list[tuple[str, float]]:
+    """(label, perplexity) for each of ``rows`` (label -> change), each on a freshly loaded model."""
     tokens = wikitext_tokens(models.load_tokenizer(src))
-    return [(label, ppl_changed(src, change, tokens, pcfg, label)) for label, change in changes().items()]
+    return [(label, ppl_changed(src, change, tokens, pcfg, label)) for label, change in rows.items()]
 
 
 def table(rows: list[tuple[str, float]]) -> list[str]:
-    """Markdown rows: perplexity and its change against the first (fp32) row."""
-    base = rows[0][1]
-    return ["| model | ppl | vs fp32 |", "|---|---:|---:|",
-            *(f"| {label} | {p:.3f} | {100 * (p / base - 1):+.2f} % |" for label, p in rows)]
+    """Markdown rows: perplexity, its change against the first (fp32) row, and the share of the second row's loss
+    that the row does not have (per-layer rows: what keeping that layer unquantized recovers)."""
+    base, full = rows[0][1], rows[1][1]
+    recovered = lambda p: f"{(full - p) / (full - base):+.3f}" if full != base else "-"  # noqa: E731
+    return ["| model | ppl | vs fp32 | loss recovered |", "|---|---:|---:|---:|",
+            *(f"| {label} | {p:.3f} | {100 * (p / base - 1):+.2f} % | {recovered(p)} |" for label, p in rows)]
 
 
 @click.command()
 @click.option("--model", default="smollm2-135m", show_default=True)
 @click.option("--limit-tokens", type=int, default=None, help="perplexity on the first N WikiText-2 tokens only")
-def main(model, limit_tokens):
-    rows = report(models.resolve(model), PerplexityConfig(seq_len=2048, limit_tokens=limit_tokens))
+@click.option("--per-layer", is_flag=True, help="fp8 everywhere but one decoder layer, each layer in turn")
+def main(model, limit_tokens, per_layer):
+    src = models.resolve(model)
+    chosen = layer_rows(models.open_model(src).cfg.num_layers) if per_layer else changes()
+    rows = report(src, PerplexityConfig(seq_len=2048, limit_tokens=limit_tokens), chosen)
     scope = f"first {limit_tokens} tokens" if limit_tokens else "all tokens"
     print(f"\n{model}: WikiText-2 test, 2048-token windows, {scope}")
     print("\n".join(table(rows)))

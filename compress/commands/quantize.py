@@ -15,6 +15,7 @@ from compress.model import load
 from compress.quant.apply import Spec, method_spec, quantize
 from compress.quant.config import QuantConfig
 from compress.quant.export import INT8_METHOD, QuantizedWriter
+from compress.quant.ignore import ignored_names, leave_unquantized
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.int8 import Int8Spec
 from compress.quant.moe_calib import RoutedTokens
@@ -67,6 +68,7 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
     if models.is_quantized(src):
         raise UserError(f"{model} is already quantized; quantize its unquantized source checkpoint instead")
     decoder = models.open_model(src)  # lazy: each block is read when quantized and released when written
+    leave_unquantized(decoder, ignored_names(decoder, cfg.ignore))
     spec = method_spec(decoder, cfg)  # a group size or top-k that does not fit fails here, before calibration
     if isinstance(spec, IntSpec) and cfg.group_size is None and spec.group_size != DEFAULT_GROUP_SIZES[0]:
         print(f"group size {spec.group_size}: {DEFAULT_GROUP_SIZES[0]} does not divide every quantized Linear's in_features")
@@ -98,6 +100,7 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
             | ({"routed_tokens": routed.as_dict()} if routed.counts else {}),
             quality={},
         )
-    print(f"wrote {output} ({describe(cfg, spec, writer.stats)}, {load.dtype_name(writer.dtype)}) "
+    kept = f", {len(writer.ignored)} Linears left unquantized (--ignore)" if writer.ignored else ""
+    print(f"wrote {output} ({describe(cfg, spec, writer.stats)}{kept}, {load.dtype_name(writer.dtype)}) "
           f"in {seconds:.1f}s, peak RSS {peak_rss_mib():.0f} MiB")
     return Path(output)

@@ -126,7 +126,7 @@ class Block(nn.Module):
         self.ffn = cfg.arch.moe.block if cfg.is_moe(layer) else "mlp"
         setattr(self, self.ffn, SparseMoe(cfg, ACTIVATIONS[cfg.hidden_act]) if cfg.is_moe(layer) else MLP(cfg))
         self.residual_multiplier = cfg.residual_multiplier
-        self.linears = cfg.layer_linears(layer)
+        self.linears = cfg.layer_linears(layer)  # those quantization replaces: --ignore takes some out (quant/ignore.py)
 
     def _norm(self, name: str | None, x: torch.Tensor) -> torch.Tensor:
         return x if name is None else getattr(self, name)(x)

@@ -147,6 +147,7 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
     within ``calibrate()`` (moe_calib.all_experts). ``finish`` rounds the Linears instead of the swap to
     PackedLinears (a GGUF file's own types, compress/gguf/export.py). ``target`` [N, T, C]: the unquantized model's
     output of this block, which ``cfg.tune_iters`` steps of block_tune then fit before the swap."""
+    groups = [g for g in groups if quantized(block, g)]  # a group the user kept unquantized (--ignore) keeps its input
     with calibrate():
         feats = record_inputs(block, x, [g.module for g in groups], cfg.search_sequences, cfg.search_tokens, seed, gram=cfg.gptq)
     found = [search_group(block, g, feats, spec, cfg, head_dim) for g in groups]

@@ -1,6 +1,6 @@
 """QuantConfig: every knob of `compress quantize`, validated before any work starts."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from compress.errors import UserError
 
@@ -43,6 +43,7 @@ class QuantConfig:
     act_group_size: int = 0  # int8: x's steps per token and block of this many inputs; 0 = one step per token
     dtype: str | None = None  # stored dtype of unquantized tensors and scales; None: the source checkpoint's
     gguf_type: str | None = None  # --format gguf: llama.cpp's file type; None: Q4_K_M for 4 bits, Q8_0 for int8
+    ignore: list[str] = field(default_factory=list)  # Linears kept unquantized: full names or re:REGEX (ignore.py)
 
     def __post_init__(self):
         if self.method not in METHODS:
@@ -85,6 +86,13 @@ class QuantConfig:
             raise UserError(f"--tune-dtype {self.tune_dtype} is not one of {', '.join(TUNE_DTYPES)}")
         if self.tune_dtype is not None and not self.tune_iters:
             raise UserError("--tune-dtype sets the dtype of --tune-iters' steps: give --tune-iters N too, or drop it")
+        self.ignore = list(self.ignore)  # the CLI gives a tuple
+        if self.ignore and self.format != "compressed-tensors":
+            raise UserError(f"--ignore writes compressed-tensors' ignore list; --format {self.format} cannot hold "
+                            "unquantized decoder Linears: use --format compressed-tensors")
+        from compress.quant.ignore import check_patterns
+
+        check_patterns(self.ignore)
         self._check_int8_fp8()
         self._check_gguf()
 

@@ -18,6 +18,7 @@ from compress.model.config import ModelConfig
 from compress.model.shards import ShardWriter
 from compress.model.decoder import Decoder
 from compress.quant.fp8 import Fp8Spec
+from compress.quant.ignore import leave_unquantized, left_out, matched
 from compress.quant.int8 import Int8Spec
 from compress.quant.linear import Fp8Linear, GgufLinear, GgufSpec, Int8OutlierLinear, PackedLinear
 from compress.quant.primitives import IntSpec
@@ -71,16 +72,17 @@ def smoothed_norms(arch: Arch) -> list[str]:
     return [g.prev for g in arch.scale_groups if g.prev in arch.norms.names()]
 
 
-def unquantized(cfg: ModelConfig) -> list[str]:
-    """The Linears quantization leaves as they are: lm_head, and each MoE layer's router (and shared-expert gate), by
-    full name as llm-compressor writes them: a router is in a scale group (it takes the folded scale) but not a Linear
-    of the layer."""
+def unquantized(cfg: ModelConfig, ignored: list[str] = ()) -> list[str]:
+    """The Linears quantization leaves as they are: lm_head, each MoE layer's router (and shared-expert gate), and the
+    user's ``ignored`` (--ignore), by full name as llm-compressor writes them: a router is in a scale group (it takes
+    the folded scale) but not a Linear of the layer."""
     return ["lm_head"] + [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)
-                          for name in dict.fromkeys(n for g in cfg.layer_groups(i) for n in g.linears) if name not in cfg.layer_linears(i)]
+                          for name in dict.fromkeys(n for g in cfg.layer_groups(i) for n in g.linears) if name not in cfg.layer_linears(i)] \
+        + list(ignored)
 
 
-def quantization_config(spec: Spec, cfg: ModelConfig) -> dict:
-    ignore = unquantized(cfg)
+def quantization_config(spec: Spec, cfg: ModelConfig, ignored: list[str] = ()) -> dict:
+    ignore = unquantized(cfg, ignored)
     if isinstance(spec, GgufSpec):
         return {"quant_method": GGUF_METHOD, "types": spec.types}
     if isinstance(spec, Int8Spec):
@@ -122,6 +124,7 @@ class QuantizedWriter:
         self.dtype = torch.float16 if fmt == "awq" else dtype  # AutoAWQ's gemm format is fp16
         self.writer = ShardWriter(out_dir)
         self.stats = {"linears": 0, "outlier_dims": 0}  # what the blocks written so far hold
+        self.ignored: list[str] = []  # full names of the Linears left unquantized (--ignore), as the blocks are written
 
     def block(self, i: int, block: torch.nn.Module) -> None:
         from compress.quant.awq_format import awq_block_state
@@ -130,6 +133,7 @@ class QuantizedWriter:
             if isinstance(m, Int8OutlierLinear):
                 self.stats["linears"] += 1
                 self.stats["outlier_dims"] += m.outlier_idx.numel()
+        self.ignored += left_out(self.model, i, block)
         prefix = f"model.layers.{i}."
         state = awq_block_state(block) if self.fmt == "awq" else block.state_dict()
         self.writer.add(lazy.cast({prefix + k: v for k, v in state.items()}, self.dtype))
@@ -149,7 +153,7 @@ class QuantizedWriter:
         if self.fmt == "awq":
             return {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": self.spec.group_size,
                     "zero_point": True, "modules_to_not_convert": None}
-        return quantization_config(self.spec, self.model.cfg)
+        return quantization_config(self.spec, self.model.cfg, self.ignored)
 
 
 def write_quantized(model: Decoder, spec: Spec, out_dir: Path, source_dir: Path | None, fmt: str = "compressed-tensors",
@@ -181,6 +185,7 @@ def open_quantized(model_dir: Path) -> Decoder:
     spec = spec_from_config(raw["quantization_config"])
     ckpt = Checkpoint(model_dir)
     model = lazy.skeleton(ModelConfig.from_hf(raw))
+    leave_unquantized(model, matched(model, raw["quantization_config"].get("ignore", [])))
     for i, block in enumerate(model.model.layers):
         swap_linears(block, lambda name, lin: empty_module(spec, lin, f"model.layers.{i}.{name}", ckpt))
     if isinstance(spec, GgufSpec) and "lm_head" in spec.types:  # a GGUF's output layer read keeping its codes

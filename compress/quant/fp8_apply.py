@@ -61,7 +61,7 @@ def fp8_quantize(model: Decoder, spec: Fp8Spec, calib: torch.Tensor | None, gptq
     desc = "fp8 GPTQ" if gptq else "fp8 input scales"
     for i, block in tqdm(blocks(model, device, done), total=model.cfg.num_layers, desc=desc, unit="block"):
         model.prepare(positions, x.dtype)
-        groups = model.cfg.layer_groups(i)
+        groups = [g for g in model.cfg.layer_groups(i) if quantized(block, g)]  # not those kept unquantized
         with all_experts(block, f"model.layers.{i}.", routed):
             absmax = record_absmax(block, x, list(block.linears)) if spec.static_activations else {}
             feats = record_inputs(block, x, [g.module for g in groups], 0, 0, 0, gram=True) if gptq else {}

@@ -48,3 +48,26 @@ def test_rounded_input_is_on_each_tokens_e4m3_grid():
     scale = x.abs().amax(-1, keepdim=True) / 448  # [B, T, 1]
     assert torch.equal(y, to_e4m3(x, scale).float() * scale)
     assert ((y - x).abs() <= x.abs() / 16 + scale * 2**-9).all()  # half an e4m3 step: 2^-4 relative, subnormal floor
+
+
+def test_per_layer_rows_leave_exactly_one_layer_unrounded(fp_dir):
+    src = models.load_model(fp_dir)
+    rows = fp8_report.layer_rows(src.cfg.num_layers)
+    assert list(rows)[:2] == ["fp32", "fp8 weights and activations"] and len(rows) == 2 + src.cfg.num_layers
+    model = models.load_model(fp_dir)
+    rows["fp8 but layer 1"](model)
+    seen = {}
+    for name, mod in model.named_modules():
+        if name.endswith("q_proj"):
+            mod.register_forward_pre_hook(lambda m, args, n=name: seen.setdefault(n, args[0].clone()))
+    model(torch.randint(0, 256, (1, 16)))
+    for name, mod in model.named_modules():
+        if name.endswith("_proj"):
+            layer1 = name.startswith("model.layers.1.")
+            assert torch.equal(mod.weight, src.get_submodule(name).weight) == layer1, name
+    assert {n: on_e4m3_grid(v) for n, v in seen.items()} == {f"model.layers.{i}.self_attn.q_proj": i != 1 for i in range(len(seen))}
+
+
+def test_table_reports_the_loss_each_row_recovers():
+    lines = fp8_report.table([("fp32", 20.0), ("fp8", 21.0), ("fp8 but layer 0", 20.75)])
+    assert lines[-1] == "| fp8 but layer 0 | 20.750 | +3.75 % | +0.250 |"

@@ -1,0 +1,71 @@
+"""Linears the user keeps unquantized (`compress quantize --ignore`), named as llm-compressor's ``ignore`` names them.
+
+A pattern is a Linear's full name (``model.layers.0.mlp.down_proj``) or ``re:`` and a regular expression matched from
+the start of the name (``re:.*layers\\.(0|29)\\.mlp\\.``), the two forms compressed-tensors' ``ignore`` list takes, so
+the list written to config.json is what transformers and vLLM read. Linears that read one input (q/k/v, gate/up, a
+MoE layer's experts) are left out together or not at all: vLLM runs each such set as one fused Linear of one type.
+
+Leaving a Linear out means taking it from its block's ``linears``, the list every method swaps (swap.py), so the
+methods need no case of their own: AWQ folds a group's scale into an ignored Linear unrounded, as into a router.
+"""
+
+import re
+
+from compress.errors import UserError
+from compress.model.decoder import Decoder
+
+ALWAYS = ("lm_head",)  # unquantized whatever the patterns say (export.unquantized)
+
+
+def matches(pattern: str, name: str) -> bool:
+    if pattern.startswith("re:"):
+        return re.match(pattern[3:], name) is not None
+    return pattern == name
+
+
+def check_patterns(patterns: list[str]) -> None:
+    """A ``re:`` pattern that does not compile fails before any work."""
+    for p in patterns:
+        if p.startswith("re:"):
+            try:
+                re.compile(p[3:])
+            except re.error as e:
+                raise UserError(f"--ignore {p}: not a regular expression ({e})") from None
+
+
+def every_linear(model: Decoder) -> list[str]:
+    """Full names of every decoder layer's Linears."""
+    return [f"model.layers.{i}.{n}" for i in range(model.cfg.num_layers) for n in model.cfg.layer_linears(i)]
+
+
+def matched(model: Decoder, patterns: list[str]) -> set[str]:
+    """Full names of the decoder Linears any of ``patterns`` matches."""
+    return {n for n in every_linear(model) if any(matches(p, n) for p in patterns)}
+
+
+def ignored_names(model: Decoder, patterns: list[str]) -> set[str]:
+    """``matched``, where a pattern matching no Linear, or a fused set matched in part, is refused."""
+    every = every_linear(model)
+    for p in patterns:
+        if p not in ALWAYS and not any(matches(p, n) for n in every):
+            raise UserError(f"--ignore {p} matches no Linear of a decoder layer; names look like {every[-1]} "
+                            "(or re:REGEX, matched from the start)")
+    out = matched(model, patterns)
+    for i in range(model.cfg.num_layers):
+        for g in model.cfg.layer_groups(i):
+            group = [f"model.layers.{i}.{n}" for n in g.linears if n in model.cfg.layer_linears(i)]
+            if 0 < len(out.intersection(group)) < len(group):
+                raise UserError(f"--ignore leaves out part of {', '.join(group)}: they read one input and vLLM runs "
+                                "them as one Linear; ignore all of them or none")
+    return out
+
+
+def leave_unquantized(model: Decoder, names: set[str]) -> None:
+    """Take ``names`` from their blocks' ``linears`` so that no method replaces them."""
+    for i, block in enumerate(model.model.layers):
+        block.linears = tuple(n for n in block.linears if f"model.layers.{i}.{n}" not in names)
+
+
+def left_out(model: Decoder, layer: int, block) -> list[str]:
+    """Full names of layer ``layer``'s Linears that its block does not quantize."""
+    return [f"model.layers.{layer}.{n}" for n in model.cfg.layer_linears(layer) if n not in block.linears]

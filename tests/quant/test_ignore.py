@@ -1,0 +1,99 @@
+"""--ignore: Linears kept unquantized by name or re:REGEX, written to compressed-tensors' ignore list and read back."""
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from compress.commands.quantize import run_quantize
+from compress.errors import UserError
+from compress.models import load_model, open_model
+from compress.quant.config import QuantConfig
+from compress.quant.ignore import ignored_names, matches
+from compress.quant.linear import Fp8Linear, Int8OutlierLinear, PackedLinear
+from tests.conftest import run_main
+
+CALIB = dict(calib_samples=4, calib_seq_len=32, search_sequences=2, search_tokens=64)
+DOWN0 = "model.layers.0.mlp.down_proj"
+QKV1 = "re:model\\.layers\\.1\\.self_attn\\.[qkv]_proj"  # the whole fused set
+KEPT = {DOWN0, "model.layers.1.self_attn.q_proj", "model.layers.1.self_attn.k_proj", "model.layers.1.self_attn.v_proj"}
+
+
+def test_matches_full_names_and_regexes_from_the_start():
+    assert matches(DOWN0, DOWN0) and not matches("mlp.down_proj", DOWN0)
+    assert matches("re:.*down_proj", DOWN0) and matches("re:model\\.layers\\.0\\.", DOWN0)
+    assert not matches("re:down_proj", DOWN0)  # anchored at the start, as compressed-tensors matches
+
+
+def test_names_are_checked_against_the_model(tiny_dir):
+    model = open_model(tiny_dir)
+    assert ignored_names(model, [DOWN0, QKV1]) == KEPT
+    assert ignored_names(model, ["lm_head"]) == set()  # always unquantized: accepted, changes nothing
+    with pytest.raises(UserError, match="matches no Linear.*names look like model.layers"):
+        ignored_names(model, ["model.layers.0.mlp.down"])
+    with pytest.raises(UserError, match="part of .*q_proj.*k_proj.*v_proj.*ignore all of them or none"):
+        ignored_names(model, ["model.layers.1.self_attn.k_proj"])
+
+
+@pytest.mark.parametrize("bad, why", [
+    (dict(ignore=["re:("]), "not a regular expression"),
+    (dict(ignore=[DOWN0], format="awq"), "--format awq cannot hold unquantized"),
+    (dict(ignore=[DOWN0], format="gguf"), "--format gguf cannot hold unquantized"),
+])
+def test_bad_ignore_options_are_refused(bad, why):
+    with pytest.raises(UserError, match=why):
+        QuantConfig(**bad)
+
+
+@pytest.mark.parametrize("cfg, kind", [
+    (QuantConfig(method="fp8", **CALIB), Fp8Linear),
+    (QuantConfig(method="awq", bits=4, **CALIB), PackedLinear),
+    (QuantConfig(method="int8", **CALIB), Int8OutlierLinear),
+], ids=["fp8", "awq", "int8"])
+def test_ignored_linears_are_written_and_read_back_unquantized(cfg, kind, tiny_dir, data_dir, tmp_path):
+    plain = tmp_path / "plain"
+    run_quantize(str(tiny_dir), cfg, str(plain))
+    cfg.ignore = [DOWN0, QKV1]
+    out = tmp_path / "out"
+    run_quantize(str(tiny_dir), cfg, str(out))
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert KEPT <= set(ignore) and "lm_head" in ignore
+    src, model = load_model(tiny_dir), load_model(out)
+    for name, module in model.named_modules():
+        if name in KEPT:
+            assert type(module) is nn.Linear
+            # no scale searched for a set kept whole: the source's weights exactly, but for AWQ's v_proj, which takes
+            # o_proj's scale (v -> o): its rows divided, exactly as any other fold
+            if not (cfg.method == "awq" and name.endswith("v_proj")):
+                assert torch.equal(module.weight, src.get_submodule(name).weight), name
+        elif name.startswith("model.layers.") and name.endswith("_proj"):
+            assert isinstance(module, kind), name
+    ids = torch.arange(24)[None] % 200
+    ref = src(ids)
+    err = lambda m: (m(ids) - ref).abs().mean()  # noqa: E731
+    assert err(model) < err(load_model(plain))  # fewer Linears rounded: closer to the source
+
+
+@pytest.mark.parametrize("args, fragment", [
+    (("--ignore", "model.layers.1.self_attn.q_proj"), "ignore all of them or none"),
+    (("--ignore", "model.layers.9.mlp.down_proj"), "matches no Linear"),
+    (("--ignore", "re:[", "--method", "fp8"), "not a regular expression"),
+])
+def test_bad_ignore_on_the_command_line_is_one_line(args, fragment, tiny_dir, tmp_path, monkeypatch, capsys):
+    from tests.test_bad_input import assert_one_line
+
+    out = tmp_path / "out"
+    code, _, err = run_main(monkeypatch, capsys, "quantize", str(tiny_dir), "--method", "rtn", *args, "-o", str(out))
+    assert_one_line(code, err, fragment)
+    assert not out.exists()
+
+
+def test_the_runtime_runs_a_checkpoint_with_ignored_linears(tiny_dir, tmp_path, monkeypatch, capsys):
+    out = tmp_path / "fp8"
+    args = ("quantize", str(tiny_dir), "--method", "fp8", "--rounding", "nearest", "--ignore", "re:.*mlp", "-o", str(out))
+    assert run_main(monkeypatch, capsys, *args)[0] == 0
+    ignore = json.loads((out / "config.json").read_text())["quantization_config"]["ignore"]
+    assert [n for n in ignore if "mlp" in n] == [f"model.layers.{i}.mlp.{k}_proj" for i in (0, 1) for k in ("gate", "up", "down")]
+    code, text, err = run_main(monkeypatch, capsys, "generate", str(out), "The capital of France is", "--max-tokens", "4")
+    assert code == 0 and text.strip(), err
