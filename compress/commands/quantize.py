@@ -15,8 +15,8 @@ from compress.model import load
 from compress.quant.apply import Spec, method_spec, quantize
 from compress.quant.config import QuantConfig
 from compress.quant.export import INT8_METHOD, QuantizedWriter
-from compress.quant.ignore import ignored_names, leave_unquantized
 from compress.quant.fp8 import Fp8Spec
+from compress.quant.ignore import ignored_names, leave_unquantized
 from compress.quant.int8 import Int8Spec
 from compress.quant.moe_calib import RoutedTokens
 from compress.quant.primitives import DEFAULT_GROUP_SIZES, IntSpec

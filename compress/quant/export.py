@@ -6,6 +6,7 @@ The state dict of a quantized Decoder already carries the tensor names of its fo
 saving it next to a config.json whose ``quantization_config`` describes the scheme.
 """
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -72,7 +73,7 @@ def smoothed_norms(arch: Arch) -> list[str]:
     return [g.prev for g in arch.scale_groups if g.prev in arch.norms.names()]
 
 
-def unquantized(cfg: ModelConfig, ignored: list[str] = ()) -> list[str]:
+def unquantized(cfg: ModelConfig, ignored: Sequence[str] = ()) -> list[str]:
     """The Linears quantization leaves as they are: lm_head, each MoE layer's router (and shared-expert gate), and the
     user's ``ignored`` (--ignore), by full name as llm-compressor writes them: a router is in a scale group (it takes
     the folded scale) but not a Linear of the layer."""
@@ -81,7 +82,7 @@ def unquantized(cfg: ModelConfig, ignored: list[str] = ()) -> list[str]:
         + list(ignored)
 
 
-def quantization_config(spec: Spec, cfg: ModelConfig, ignored: list[str] = ()) -> dict:
+def quantization_config(spec: Spec, cfg: ModelConfig, ignored: Sequence[str] = ()) -> dict:
     ignore = unquantized(cfg, ignored)
     if isinstance(spec, GgufSpec):
         return {"quant_method": GGUF_METHOD, "types": spec.types}
