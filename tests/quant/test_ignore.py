@@ -97,3 +97,20 @@ def test_the_runtime_runs_a_checkpoint_with_ignored_linears(tiny_dir, tmp_path, 
     assert [n for n in ignore if "mlp" in n] == [f"model.layers.{i}.mlp.{k}_proj" for i in (0, 1) for k in ("gate", "up", "down")]
     code, text, err = run_main(monkeypatch, capsys, "generate", str(out), "The capital of France is", "--max-tokens", "4")
     assert code == 0 and text.strip(), err
+
+
+def test_transformers_reads_the_ignore_list(fp_dir, tmp_path):
+    """compressed-tensors (transformers' loader) keeps the ignored Linears plain and computes what our loader does."""
+    pytest.importorskip("compressed_tensors")
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "fp8"
+    run_quantize(str(fp_dir), QuantConfig(method="fp8", rounding="nearest", ignore=["re:model\\.layers\\.1\\."]), str(out))
+    hf = AutoModelForCausalLM.from_pretrained(out, dtype=torch.float32)
+    schemes = {name: getattr(m, "quantization_scheme", None) for name, m in hf.named_modules() if name.endswith("_proj")}
+    assert all((s is None) == name.startswith("model.layers.1.") for name, s in schemes.items()), schemes
+    ids = torch.randint(0, 256, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs, fp = load_model(out)(ids), hf(ids).logits, load_model(fp_dir)(ids)
+    diff = (theirs - ours).abs()
+    assert diff.median().item() <= 1e-6 and diff.max().item() <= 0.5 * (fp - ours).abs().max().item()
