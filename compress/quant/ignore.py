@@ -2,8 +2,9 @@
 
 A pattern is a Linear's full name (``model.layers.0.mlp.down_proj``) or ``re:`` and a regular expression matched from
 the start of the name (``re:.*layers\\.(0|29)\\.mlp\\.``), the two forms compressed-tensors' ``ignore`` list takes, so
-the list written to config.json is what transformers and vLLM read. Linears that read one input (q/k/v, gate/up, a
-MoE layer's experts) are left out together or not at all: vLLM runs each such set as one fused Linear of one type.
+the list written to config.json is what transformers and vLLM read. The Linears vLLM runs as one fused layer of one
+type are left out together or not at all: an attention's q/k/v, an MLP's gate/up (a dense MLP's, a shared
+expert's), and every Linear of every expert of a MoE layer (its fused-MoE kernel).
 
 Leaving a Linear out means taking it from its block's ``linears``, the list every method swaps (swap.py), so the
 methods need no case of their own: AWQ folds a group's scale into an ignored Linear unrounded, as into a router.
@@ -15,6 +16,16 @@ from compress.errors import UserError
 from compress.model.decoder import Decoder
 
 ALWAYS = ("lm_head",)  # unquantized whatever the patterns say (export.unquantized)
+FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}  # vLLM's joins
+EXPERTS = ".experts."  # a MoE layer's experts (Mixtral's block_sparse_moe.experts.N.w1 too): one fused layer
+
+
+def fused_set(name: str) -> str:
+    """The fused layer vLLM runs ``name`` in (the name itself where it runs alone)."""
+    if EXPERTS in name:
+        return name.split(EXPERTS)[0] + EXPERTS
+    parent, _, kind = name.rpartition(".")
+    return f"{parent}.{FUSED[kind]}" if kind in FUSED else name
 
 
 def matches(pattern: str, name: str) -> bool:
@@ -51,12 +62,12 @@ def ignored_names(model: Decoder, patterns: list[str]) -> set[str]:
             raise UserError(f"--ignore {p} matches no Linear of a decoder layer; names look like {every[-1]} "
                             "(or re:REGEX, matched from the start)")
     out = matched(model, patterns)
-    for i in range(model.cfg.num_layers):
-        for g in model.cfg.layer_groups(i):
-            group = [f"model.layers.{i}.{n}" for n in g.linears if n in model.cfg.layer_linears(i)]
-            if 0 < len(out.intersection(group)) < len(group):
-                raise UserError(f"--ignore leaves out part of {', '.join(group)}: they read one input and vLLM runs "
-                                "them as one Linear; ignore all of them or none")
+    for key in sorted({fused_set(n) for n in out}):
+        members = [n for n in every if fused_set(n) == key]
+        if not set(members) <= out:
+            shown = f"{members[0]} ... {members[-1]}" if len(members) > 3 else ", ".join(members)
+            raise UserError(f"--ignore leaves out part of {shown}: vLLM runs them as one fused layer of one type; "
+                            "ignore all of them or none")
     return out
 
 

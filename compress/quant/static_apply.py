@@ -58,10 +58,11 @@ def smooth_block(alpha: float) -> Transform:
         for g in groups:
             if g.prev is None or not isinstance(block.get_submodule(g.prev), RMSNorm):
                 continue  # a Linear-fed group: its scale would move error into the previous int8 Linear
-            if g.linears[0] not in absmax:
-                continue  # kept unquantized (--ignore): nothing to smooth for
+            seen = [n for n in g.linears if n in absmax]  # the group's quantized Linears (--ignore keeps some plain)
+            if not seen:
+                continue
             w_absmax = torch.stack([block.get_submodule(n).weight.abs().amax(0).float() for n in g.linears]).amax(0)  # [C]
-            s = smooth_scales(absmax[g.linears[0]], w_absmax, alpha)  # [C]
+            s = smooth_scales(absmax[seen[0]], w_absmax, alpha)  # [C]
             fold_scales(block, g, s, lambda v: v)
             for n in absmax.keys() & set(g.linears):
                 absmax[n] = absmax[n] / s

@@ -32,8 +32,30 @@ def test_names_are_checked_against_the_model(tiny_dir):
     assert ignored_names(model, ["lm_head"]) == set()  # always unquantized: accepted, changes nothing
     with pytest.raises(UserError, match="matches no Linear.*names look like model.layers"):
         ignored_names(model, ["model.layers.0.mlp.down"])
-    with pytest.raises(UserError, match="part of .*q_proj.*k_proj.*v_proj.*ignore all of them or none"):
+    with pytest.raises(UserError, match="part of .*q_proj.*k_proj.*v_proj.*one fused layer.*ignore all of them or none"):
         ignored_names(model, ["model.layers.1.self_attn.k_proj"])
+    with pytest.raises(UserError, match="part of model.layers.0.mlp.gate_proj, model.layers.0.mlp.up_proj"):
+        ignored_names(model, ["model.layers.0.mlp.up_proj"])
+
+
+def test_a_moe_layers_experts_go_together_and_the_shared_expert_alone(tmp_path, smollm2_dir):
+    from tests.conftest import save_hf, tiny_hf
+    from tests.families import MOE_FAMILIES
+
+    shape = MOE_FAMILIES["qwen2_moe"] | {"decoder_sparse_step": 1}  # both layers sparse, each with a shared expert
+    src = save_hf(tiny_hf("qwen2_moe", vocab=49152, **shape), tmp_path / "moe", smollm2_dir)
+    model = open_model(src)
+    shared = ignored_names(model, ["re:model\\.layers\\.0\\.mlp\\.shared_expert\\."])
+    assert shared == {f"model.layers.0.mlp.shared_expert.{k}_proj" for k in ("gate", "up", "down")}
+    experts = ignored_names(model, ["re:model\\.layers\\.1\\.mlp\\.experts\\."])
+    assert len(experts) == 3 * model.cfg.moe.num_experts
+    with pytest.raises(UserError, match="part of model.layers.1.mlp.experts.0.gate_proj ... model.layers.1.mlp.experts.3.down_proj"):
+        ignored_names(model, ["model.layers.1.mlp.experts.2.down_proj"])
+    out = tmp_path / "awq"
+    run_quantize(str(src), QuantConfig(method="awq", group_size=16, **CALIB, ignore=["re:model\\.layers\\.0\\.mlp\\.shared_expert\\."]), str(out))
+    kept = load_model(out).model.layers[0].mlp.shared_expert
+    assert all(type(kept.get_submodule(f"{k}_proj")) is nn.Linear for k in ("gate", "up", "down"))
+    assert isinstance(load_model(out).model.layers[0].mlp.experts[0].gate_proj, PackedLinear)
 
 
 @pytest.mark.parametrize("bad, why", [
