@@ -101,13 +101,18 @@ def report(src: Path, pcfg: PerplexityConfig, rows: dict[str, Callable]) -> list
     return [(label, ppl_changed(src, change, tokens, pcfg, label)) for label, change in rows.items()]
 
 
-def table(rows: list[tuple[str, float]]) -> list[str]:
-    """Markdown rows: perplexity, its change against the first (fp32) row, and the share of the second row's loss
-    that the row does not have (per-layer rows: what keeping that layer unquantized recovers)."""
+def table(rows: list[tuple[str, float]], recovered: bool = False) -> list[str]:
+    """Markdown rows: perplexity and its change against the first (fp32) row; with ``recovered``, also the share of
+    the second row's loss that the row does not have (per-layer rows: what keeping that layer unquantized recovers)."""
     base, full = rows[0][1], rows[1][1]
-    recovered = lambda p: f"{(full - p) / (full - base):+.3f}" if full != base else "-"  # noqa: E731
-    return ["| model | ppl | vs fp32 | loss recovered |", "|---|---:|---:|---:|",
-            *(f"| {label} | {p:.3f} | {100 * (p / base - 1):+.2f} % | {recovered(p)} |" for label, p in rows)]
+
+    def cells(label: str, p: float) -> list[str]:
+        out = [label, f"{p:.3f}", f"{100 * (p / base - 1):+.2f} %"]
+        return out + [f"{(full - p) / (full - base):+.3f}" if full != base else "-"] if recovered else out
+
+    head = ["model", "ppl", "vs fp32"] + ["loss recovered"] * recovered
+    return ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1),
+            *("| " + " | ".join(cells(label, p)) + " |" for label, p in rows)]
 
 
 @click.command()
@@ -120,7 +125,7 @@ def main(model, limit_tokens, per_layer):
     rows = report(src, PerplexityConfig(seq_len=2048, limit_tokens=limit_tokens), chosen)
     scope = f"first {limit_tokens} tokens" if limit_tokens else "all tokens"
     print(f"\n{model}: WikiText-2 test, 2048-token windows, {scope}")
-    print("\n".join(table(rows)))
+    print("\n".join(table(rows, recovered=per_layer)))
 
 
 if __name__ == "__main__":

@@ -77,9 +77,9 @@ def unquantized(cfg: ModelConfig, ignored: Sequence[str] = ()) -> list[str]:
     """The Linears quantization leaves as they are: lm_head, each MoE layer's router (and shared-expert gate), and the
     user's ``ignored`` (--ignore), by full name as llm-compressor writes them: a router is in a scale group (it takes
     the folded scale) but not a Linear of the layer."""
-    return ["lm_head"] + [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)
-                          for name in dict.fromkeys(n for g in cfg.layer_groups(i) for n in g.linears) if name not in cfg.layer_linears(i)] \
-        + list(ignored)
+    routers = [f"model.layers.{i}.{name}" for i in range(cfg.num_layers)
+               for name in dict.fromkeys(n for g in cfg.layer_groups(i) for n in g.linears) if name not in cfg.layer_linears(i)]
+    return ["lm_head", *routers, *ignored]
 
 
 def quantization_config(spec: Spec, cfg: ModelConfig, ignored: Sequence[str] = ()) -> dict:

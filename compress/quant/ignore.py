@@ -62,8 +62,11 @@ def ignored_names(model: Decoder, patterns: list[str]) -> set[str]:
             raise UserError(f"--ignore {p} matches no Linear of a decoder layer; names look like {every[-1]} "
                             "(or re:REGEX, matched from the start)")
     out = matched(model, patterns)
+    sets: dict[str, list[str]] = {}
+    for n in every:
+        sets.setdefault(fused_set(n), []).append(n)
     for key in sorted({fused_set(n) for n in out}):
-        members = [n for n in every if fused_set(n) == key]
+        members = sets[key]
         if not set(members) <= out:
             shown = f"{members[0]} ... {members[-1]}" if len(members) > 3 else ", ".join(members)
             raise UserError(f"--ignore leaves out part of {shown}: vLLM runs them as one fused layer of one type; "

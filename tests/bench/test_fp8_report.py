@@ -69,5 +69,7 @@ def test_per_layer_rows_leave_exactly_one_layer_unrounded(fp_dir):
 
 
 def test_table_reports_the_loss_each_row_recovers():
-    lines = fp8_report.table([("fp32", 20.0), ("fp8", 21.0), ("fp8 but layer 0", 20.75)])
+    rows = [("fp32", 20.0), ("fp8", 21.0), ("fp8 but layer 0", 20.75)]
+    assert fp8_report.table(rows)[-1] == "| fp8 but layer 0 | 20.750 | +3.75 % |"  # the kinds' report: no share column
+    lines = fp8_report.table(rows, recovered=True)
     assert lines[-1] == "| fp8 but layer 0 | 20.750 | +3.75 % | +0.250 |"
