@@ -3,8 +3,8 @@ one step per token and steps per block of 32 inputs, and the peak memory each ca
 
     OMP_NUM_THREADS=2 python -m compress.bench.int8_cpu [--shapes smollm2|llama3-8b] [--rows 1,8,64,512] [--repeats 5]
 
-Random int8 codes with four outlier dims per Linear; times are the fastest of ``--repeats`` calls after one warm-up.
-"Temp MiB" is the most memory one op of the call allocates (torch's profiler, the output included): the reference's
+Random int8 codes with 16 outlier dims per Linear (the GPU benchmark's operands); times are the fastest of
+``--repeats`` calls after one warm-up. "Temp MiB" is the most memory one op of the call allocates (torch's profiler, the output included): the reference's
 fp32 (per block) or float64 (per token) copy of the weight against the C path's output and copies of x.
 """
 
@@ -14,20 +14,16 @@ import click
 import torch
 
 from compress.bench.cpu_kernels import SHAPES, host
+from compress.bench.triton_kernels import int8_operands
 from compress.kernels import int8_outlier_cpu, reference
 
-OUTLIERS = 4
 GROUP = 32
 
 
 def operands(out_f: int, in_f: int, rows: int) -> tuple:
-    gen = torch.Generator().manual_seed(0)
-    w = torch.randint(-127, 128, (out_f, in_f), generator=gen, dtype=torch.int8)  # [O, I]
-    scale = torch.rand(out_f, 1, generator=gen) / 100  # [O, 1]
-    idx = torch.randperm(in_f, generator=gen)[:OUTLIERS].sort().values.int()  # [k]
-    w[:, idx.long()] = 0
-    outliers = torch.randn(out_f, OUTLIERS, generator=gen).half()  # [O, k]
-    return torch.randn(rows, in_f, generator=gen), w, scale, idx, outliers
+    """x [rows, I] fp32 and the int8 Linear's operands as the GPU benchmark makes them, fp32 scales."""
+    torch.manual_seed(0)
+    return torch.randn(rows, in_f), *int8_operands(out_f, in_f, "cpu", torch.float32)
 
 
 def fastest(call, repeats: int) -> float:

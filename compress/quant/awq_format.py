@@ -18,6 +18,7 @@ from compress.model.checkpoint import Checkpoint
 from compress.model.config import ModelConfig
 from compress.model.decoder import Decoder
 from compress.quant import packing
+from compress.quant.ignore import every_linear, leave_unquantized
 from compress.quant.linear import PackedLinear
 from compress.quant.primitives import IntSpec
 from compress.quant.swap import layer_linears, quantized_linears, swap_linears
@@ -86,15 +87,17 @@ def awq_reader(ckpt: Checkpoint) -> lazy.Reader:
 
 
 def open_awq(model_dir: Path) -> Decoder:
-    """An AutoAWQ gemm checkpoint as a lazy Decoder with PackedLinear modules (lazy.py)."""
+    """An AutoAWQ gemm checkpoint as a lazy Decoder with PackedLinear modules (lazy.py); a Linear the file stores
+    as a plain ``weight`` (``modules_to_not_convert``, our --ignore) stays a Linear."""
     raw = load.read_config(model_dir)
     qc = raw["quantization_config"]
     spec = IntSpec(qc["bits"], qc["group_size"], symmetric=False)
     model = lazy.skeleton(ModelConfig.from_hf(raw))
+    ckpt = Checkpoint(model_dir)
+    leave_unquantized(model, {n for n in every_linear(model) if f"{n}.qweight" not in ckpt and f"{n}.weight" in ckpt})
     with torch.device("meta"):
         for block in model.model.layers:
             swap_linears(block, lambda _, lin: PackedLinear(lin.in_features, lin.out_features, spec, lin.bias is not None, torch.float16))
-    ckpt = Checkpoint(model_dir)
     missing = [n for n in quantized_linears(model) if f"{n}.qweight" not in ckpt]
     if missing:
         raise UserError(f"{model_dir} is not a complete AutoAWQ gemm checkpoint: {missing[0]}.qweight is missing")

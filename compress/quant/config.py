@@ -87,9 +87,9 @@ class QuantConfig:
         if self.tune_dtype is not None and not self.tune_iters:
             raise UserError("--tune-dtype sets the dtype of --tune-iters' steps: give --tune-iters N too, or drop it")
         self.ignore = list(self.ignore)  # the CLI gives a tuple
-        if self.ignore and self.format != "compressed-tensors":
-            raise UserError(f"--ignore writes compressed-tensors' ignore list; --format {self.format} cannot hold "
-                            "unquantized decoder Linears: use --format compressed-tensors")
+        if self.ignore and self.format == "gguf":
+            raise UserError("--ignore keeps Linears in the source dtype; --format gguf cannot hold unquantized decoder "
+                            "Linears (llama.cpp's file types set each tensor's type): use --format compressed-tensors or awq")
         from compress.quant.ignore import check_patterns
 
         check_patterns(self.ignore)

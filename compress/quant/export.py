@@ -19,7 +19,7 @@ from compress.model.config import ModelConfig
 from compress.model.shards import ShardWriter
 from compress.model.decoder import Decoder
 from compress.quant.fp8 import Fp8Spec
-from compress.quant.ignore import leave_unquantized, left_out, matched
+from compress.quant.ignore import awq_skips, leave_unquantized, left_out, matched
 from compress.quant.int8 import Int8Spec
 from compress.quant.linear import Fp8Linear, GgufLinear, GgufSpec, Int8OutlierLinear, PackedLinear
 from compress.quant.primitives import IntSpec
@@ -153,7 +153,7 @@ class QuantizedWriter:
     def quantization_config(self) -> dict:
         if self.fmt == "awq":
             return {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": self.spec.group_size,
-                    "zero_point": True, "modules_to_not_convert": None}
+                    "zero_point": True, "modules_to_not_convert": awq_skips(unquantized(self.model.cfg, self.ignored))}
         return quantization_config(self.spec, self.model.cfg, self.ignored)
 
 

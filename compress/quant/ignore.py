@@ -16,16 +16,25 @@ from compress.errors import UserError
 from compress.model.decoder import Decoder
 
 ALWAYS = ("lm_head",)  # unquantized whatever the patterns say (export.unquantized)
-FUSED = {"q_proj": "qkv", "k_proj": "qkv", "v_proj": "qkv", "gate_proj": "gate_up", "up_proj": "gate_up"}  # vLLM's joins
+FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj", "gate_proj": "gate_up_proj",
+         "up_proj": "gate_up_proj"}  # vLLM's joins, by the fused module's name
 EXPERTS = ".experts."  # a MoE layer's experts (Mixtral's block_sparse_moe.experts.N.w1 too): one fused layer
 
 
 def fused_set(name: str) -> str:
-    """The fused layer vLLM runs ``name`` in (the name itself where it runs alone)."""
+    """The name of the fused layer vLLM runs ``name`` in (``...self_attn.qkv_proj``, ``...mlp.experts``), the name
+    itself where it runs alone."""
     if EXPERTS in name:
-        return name.split(EXPERTS)[0] + EXPERTS
+        return name.split(EXPERTS)[0] + EXPERTS.rstrip(".")
     parent, _, kind = name.rpartition(".")
     return f"{parent}.{FUSED[kind]}" if kind in FUSED else name
+
+
+def awq_skips(names: list[str]) -> list[str]:
+    """AutoAWQ's ``modules_to_not_convert`` for ``names``: each name, then the fused layers vLLM runs them in, because
+    vLLM skips a layer when an entry is a substring of its fused name (``...qkv_proj``) and transformers when an entry
+    matches its own module's name."""
+    return [*names, *sorted({fused_set(n) for n in names} - set(names))]
 
 
 def matches(pattern: str, name: str) -> bool:

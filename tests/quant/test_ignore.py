@@ -60,7 +60,6 @@ def test_a_moe_layers_experts_go_together_and_the_shared_expert_alone(tmp_path, 
 
 @pytest.mark.parametrize("bad, why", [
     (dict(ignore=["re:("]), "not a regular expression"),
-    (dict(ignore=[DOWN0], format="awq"), "--format awq cannot hold unquantized"),
     (dict(ignore=[DOWN0], format="gguf"), "--format gguf cannot hold unquantized"),
 ])
 def test_bad_ignore_options_are_refused(bad, why):
@@ -95,6 +94,33 @@ def test_ignored_linears_are_written_and_read_back_unquantized(cfg, kind, tiny_d
     ref = src(ids)
     err = lambda m: (m(ids) - ref).abs().mean()  # noqa: E731
     assert err(model) < err(load_model(plain))  # fewer Linears rounded: closer to the source
+
+
+def test_autoawq_files_keep_ignored_linears_plain_and_name_them_for_transformers_and_vllm(tiny_dir, data_dir, tmp_path):
+    from transformers.quantizers.quantizers_utils import should_convert_module
+
+    from compress.model.checkpoint import Checkpoint
+
+    out, ct = tmp_path / "awq", tmp_path / "ct"
+    cfg = dict(method="awq", bits=4, **CALIB, ignore=[DOWN0, QKV1])
+    run_quantize(str(tiny_dir), QuantConfig(**cfg, format="awq"), str(out))
+    run_quantize(str(tiny_dir), QuantConfig(**cfg), str(ct))
+    skips = json.loads((out / "config.json").read_text())["quantization_config"]["modules_to_not_convert"]
+    qkv = [f"model.layers.1.self_attn.{k}_proj" for k in "qkv"]
+    assert skips == ["lm_head", DOWN0, *qkv, "model.layers.1.self_attn.qkv_proj"]  # model order, then vLLM's fused names
+    ckpt = Checkpoint(out)
+    for name in ("model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj", "model.layers.1.self_attn.o_proj"):
+        assert f"{name}.qweight" in ckpt and f"{name}.weight" not in ckpt and should_convert_module(name, skips)
+    for name in KEPT:
+        assert f"{name}.weight" in ckpt and f"{name}.qweight" not in ckpt and not should_convert_module(name, skips)
+    vllm_fused = ["model.layers.1.self_attn.qkv_proj", "model.layers.0.mlp.down_proj", "model.layers.0.self_attn.qkv_proj",
+                  "model.layers.1.mlp.down_proj", "model.layers.0.mlp.gate_up_proj"]
+    assert [any(s in prefix for s in skips) for prefix in vllm_fused] == [True, True, False, False, False]  # vLLM's test
+    model, same = load_model(out), load_model(ct)
+    assert all(type(model.get_submodule(n)) is nn.Linear for n in KEPT)
+    assert isinstance(model.get_submodule("model.layers.1.self_attn.o_proj"), PackedLinear)
+    ids = torch.arange(24)[None] % 200
+    assert (model(ids) - same(ids)).abs().max() < 1e-2  # the same codes; fp16 against the source dtype's tensors
 
 
 @pytest.mark.parametrize("args, fragment", [
