@@ -4,8 +4,9 @@ one step per token and steps per block of 32 inputs, and the peak memory each ca
     OMP_NUM_THREADS=2 python -m compress.bench.int8_cpu [--shapes smollm2|llama3-8b] [--rows 1,8,64,512] [--repeats 5]
 
 Random int8 codes with 16 outlier dims per Linear (the GPU benchmark's operands); times are the fastest of
-``--repeats`` calls after one warm-up. "Temp MiB" is the most memory one op of the call allocates (torch's profiler, the output included): the reference's
-fp32 (per block) or float64 (per token) copy of the weight against the C path's output and copies of x.
+``--repeats`` calls after one warm-up. "Temp MiB" is the most memory one op of the call allocates (torch's profiler,
+the output included): the reference's fp32 (per block) or float64 (per token) copy of the weight against the C path's
+output and copies of x.
 """
 
 import time
