@@ -68,7 +68,7 @@ def cuda_tests(ctx: Ctx, save) -> dict:
 
 
 def kernel_ops(o: int, i: int, device, dtype) -> dict:
-    """op -> (kernel fn(x), reference fn(x), weight bytes it reads), operands as compress/bench/triton_kernels.py draws them."""
+    """op -> (kernel fn(x), reference fn(x), weight bytes it reads), operands as compress/bench/operands.py draws them."""
     from compress.bench import triton_kernels as kb  # its dequant_matmul etc. are the Triton kernels' own wrappers (no dispatch)
     from compress.bench.operands import OUTLIERS, int8_operands, int_operands
     from compress.kernels import reference as ref
@@ -101,6 +101,7 @@ def mismatch(y, expected) -> dict:
 def kernels(ctx: Ctx, save) -> dict:
     """Each kernel and torch's bf16 matmul on the same shapes, checked against reference.py; paged attention vs SDPA."""
     from compress.bench import triton_kernels as kb
+    from compress.bench.operands import attention_operands
     from compress.kernels import reference as ref
 
     device, plan, rows = torch.device(ctx.device), ctx.plan, []
@@ -122,7 +123,7 @@ def kernels(ctx: Ctx, save) -> dict:
             print(f"{model} {o}x{i}: done, {len(rows)} rows", flush=True)
     heads = plan.heads
     for seqs, context in plan.attention:
-        args, k, v = kb.attention_operands(seqs, context, *heads, device)
+        args, k, v = attention_operands(seqs, context, *heads, device)
         q4 = args[0][:, :, None]  # [S, H, 1, D]
         base = kb.milliseconds(lambda: torch.nn.functional.scaled_dot_product_attention(q4, k, v, enable_gqa=True))
         ms = kb.milliseconds(lambda: kb.paged_attention(*args))

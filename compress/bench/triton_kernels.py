@@ -19,7 +19,7 @@ import time
 import torch
 import triton
 
-from compress.bench.operands import GROUP, OUTLIERS, int8_operands, int_operands
+from compress.bench.operands import OUTLIERS, attention_operands, int8_operands, int_operands, moe_operands
 from compress.kernels.checks import interpreting
 from compress.kernels.dequant_matmul import dequant_matmul
 from compress.kernels.fp8_matmul import fp8_matmul
@@ -39,7 +39,6 @@ DRY_ATTENTION = [(2, 20)]
 MOE = {"qwen3-30b-a3b": (2048, 768, 128, 8)}  # model -> (hidden C, expert width I, experts E, top-k K)
 DRY_MOE = {"tiny": (64, 32, 4, 2)}
 PEAK_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 NVL": 3900, "H100": 2000, "A100": 2039, "L40S": 864, "A10": 600}
-BLOCK_SIZE = 16
 
 
 def peak_gbps(device: torch.device) -> float | None:
@@ -88,18 +87,6 @@ def bench_linear(model: str, o: int, i: int, batch: list[int], device, peak: flo
     return rows
 
 
-def attention_operands(seqs: int, context: int, heads: int, kv_heads: int, dim: int, device):
-    """A paged cache whose blocks are shuffled, and the same keys/values as dense [S, KVH, T, D]."""
-    per_seq = -(-context // BLOCK_SIZE)
-    k_cache = torch.randn(seqs * per_seq, BLOCK_SIZE, kv_heads, dim, device=device, dtype=torch.float16)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(seqs * per_seq, device=device).view(seqs, per_seq).int()  # [S, blocks]
-    dense = lambda c: c[tables.long()].flatten(1, 2)[:, :context].transpose(1, 2)  # noqa: E731
-    q = torch.randn(seqs, heads, dim, device=device, dtype=torch.float16)  # [S, H, D]
-    lens = torch.full((seqs,), context, dtype=torch.int32, device=device)
-    return (q, k_cache, v_cache, tables, lens), dense(k_cache), dense(v_cache)
-
-
 def bench_attention(seqs: int, context: int, heads: int, kv_heads: int, dim: int, device, peak) -> dict:
     paged, k, v = attention_operands(seqs, context, heads, kv_heads, dim, device)
     q4 = paged[0][:, :, None]  # [S, H, 1, D]
@@ -108,14 +95,6 @@ def bench_attention(seqs: int, context: int, heads: int, kv_heads: int, dim: int
     gbps = 2 * k.numel() * 2 / ms / 1e6
     return dict(op="paged attention", model=f"H{heads}/KV{kv_heads}/D{dim}", shape=f"ctx {context}", M=seqs, ms=ms,
                 fp16_ms=sdpa_ms, speedup=sdpa_ms / ms, gbps=gbps, peak_pct=None if peak is None else 100 * gbps / peak)
-
-
-def moe_operands(experts: int, o: int, i: int, device):
-    """(packed [E, O, I/8], scale [E, O, I/g], zero [E, O/8, I/g]): random words, fp16 scales."""
-    group = min(GROUP, i)
-    words = lambda *shape: torch.randint(-(2**31), 2**31 - 1, shape, dtype=torch.int32, device=device)  # noqa: E731
-    scale = torch.rand(experts, o, i // group, device=device, dtype=torch.float16) * 0.01
-    return words(experts, o, i // 8), scale, words(experts, o // 8, i // group)
 
 
 def moe_fp16(x, w13, w2, ids, weights):
