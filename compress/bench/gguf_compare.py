@@ -1,8 +1,8 @@
 """Our GGUF files against llama.cpp's own quantizer (and AutoRound's GGUF export) on one model, in one process.
 
 For each type: (a) llama.cpp's quantizer from the F32 GGUF we write of the same weights, (b) our RTN and (c) our
-AWQ into that type, (d) AutoRound's export where its venv exists (compress/bench/autoround.py). Every file,
-and the F16 and F32 references, is scored twice on the same WikiText-2 windows: by llama.cpp itself
+AWQ into that type (also with --tune-iters' steps), (d) AutoRound's export where its venv exists
+(compress/bench/autoround.py). Every file, and the F16 and F32 references, is scored twice on the same WikiText-2 windows: by llama.cpp itself
 (llama-cpp-python's logits) and by our engine reading the file (`compress eval FILE.gguf`: the GGUF input
 path, which dequantizes to fp32). Sizes and quantize times beside them; then greedy continuations of the
 README's prompts by both engines on each file.
@@ -29,9 +29,10 @@ PROMPTS = ("The capital of France is", "def fibonacci(n):", "Water boils at")
 REFERENCE = "F16"  # the gaps are to the F16 file, as llama.cpp users measure them
 
 
-def ours(model: str, out: Path, method: str, gguf_type: str) -> float:
+def ours(model: str, out: Path, method: str, gguf_type: str, tune_iters: int = 0) -> float:
     start = time.perf_counter()
-    run_quantize_gguf(model, QuantConfig(method=method, format="gguf", gguf_type=gguf_type), str(out), force=True)
+    cfg = QuantConfig(method=method, format="gguf", gguf_type=gguf_type, tune_iters=tune_iters)
+    run_quantize_gguf(model, cfg, str(out), force=True)
     return time.perf_counter() - start
 
 
@@ -88,8 +89,10 @@ class Files:
         self.rows.append({"type": gguf_type, "by": by, "path": path, "seconds": self.seconds[name]})
 
 
-def files_of(model: str, files: Files, types: list[str], src: Path, tokenizer, ar_cfgs: list[dict], threads: int) -> list[dict]:
-    """Write every file; one row per file: type, who made it, path, quantize seconds."""
+def files_of(model: str, files: Files, types: list[str], src: Path, tokenizer, ar_cfgs: list[dict], tune: list[int],
+             threads: int) -> list[dict]:
+    """Write every file; one row per file: type, who made it, path, quantize seconds. ``tune``: also our AWQ with
+    that many --tune-iters steps, for each 4-bit type."""
     for ref in ("F32", "F16"):
         files.add(ref, "compress", f"{ref.lower()}.gguf", lambda path, ref=ref: ours(model, path, "rtn", ref))
     for t in types:
@@ -97,6 +100,9 @@ def files_of(model: str, files: Files, types: list[str], src: Path, tokenizer, a
                   lambda path, t=t: llamacpp_files.quantize(files.out / "f32.gguf", path, t, threads))
         for m in (["int8"] if t == "Q8_0" else ["rtn", "awq"]):
             files.add(t, f"compress {m}", f"compress-{m}-{t}.gguf", lambda path, t=t, m=m: ours(model, path, m, t))
+        for n in tune if FILE_TYPES[t].bits == 4 else []:
+            files.add(t, f"compress awq tune {n}", f"compress-awq-tune{n}-{t}.gguf",
+                      lambda path, t=t, n=n: ours(model, path, "awq", t, n))
         for cfg in ar_cfgs if FILE_TYPES[t].bits == 4 else []:
             files.add(t, f"AutoRound iters {cfg['iters']}", f"autoround-{cfg['iters']}-{t}.gguf",
                       lambda path, t=t, cfg=cfg: autoround(src, tokenizer, path, t, **cfg))
@@ -131,6 +137,14 @@ def greedy_lines(rows: list[dict], tokenizer, max_tokens: int, threads: int) -> 
     return lines
 
 
+def counts(text: str, option: str) -> list[int]:
+    """Whole numbers from 'N,M' (an empty text: none)."""
+    try:
+        return [int(n) for n in text.split(",") if n.strip()]
+    except ValueError:
+        raise click.BadParameter(f"{text!r}: give whole numbers separated by commas", param_hint=option) from None
+
+
 @click.command()
 @click.argument("model")
 @click.option("--out", type=click.Path(path_type=Path), required=True, help="directory for the files (kept)")
@@ -140,9 +154,11 @@ def greedy_lines(rows: list[dict], tokenizer, max_tokens: int, threads: int) -> 
 @click.option("--autoround-iters", default="", help="also AutoRound's GGUF export at these iterations (e.g. 0,50; 0 is its RTN mode)")
 @click.option("--autoround-samples", default=128, show_default=True)
 @click.option("--autoround-seqlen", default=512, show_default=True)
+@click.option("--tune-iters", default="", help="also our AWQ with these --tune-iters steps (e.g. 50,200)")
 @click.option("--max-tokens", default=24, show_default=True, help="greedy tokens per README prompt")
 @click.option("--reuse", is_flag=True, help="keep the files an earlier run wrote under --out (and their seconds)")
-def main(model, out, types, limit_tokens, seq_len, autoround_iters, autoround_samples, autoround_seqlen, max_tokens, reuse):
+def main(model, out, types, limit_tokens, seq_len, autoround_iters, autoround_samples, autoround_seqlen, tune_iters, max_tokens,
+         reuse):
     types = [t.strip() for t in types.split(",")]
     bad = [t for t in types if t not in FILE_TYPES or not FILE_TYPES[t].quantized]
     if bad:
@@ -152,15 +168,13 @@ def main(model, out, types, limit_tokens, seq_len, autoround_iters, autoround_sa
     threads = torch.get_num_threads()
     src = models.resolve(model)
     tokenizer = models.load_tokenizer(src)
-    try:
-        iters = [int(n) for n in autoround_iters.split(",") if n.strip()]
-    except ValueError:
-        raise click.BadParameter(f"{autoround_iters!r}: give whole numbers separated by commas", param_hint="--autoround-iters") from None
-    ar_cfgs = [{"iters": n, "nsamples": autoround_samples, "seqlen": autoround_seqlen} for n in iters]
+    ar_cfgs = [{"iters": n, "nsamples": autoround_samples, "seqlen": autoround_seqlen}
+               for n in counts(autoround_iters, "--autoround-iters")]
+    tune = counts(tune_iters, "--tune-iters")
     cpu, flags = cpu_info()
     print(f"{model} on {cpu}; flags: {' '.join(flags)}; {threads} threads; {time.strftime('%Y-%m-%d')}", flush=True)
     files = Files(out, reuse)
-    rows = files_of(model, files, types, src, tokenizer, ar_cfgs, threads)
+    rows = files_of(model, files, types, src, tokenizer, ar_cfgs, tune, threads)
     wins = windows(wikitext_tokens(tokenizer), PerplexityConfig(seq_len=seq_len, limit_tokens=limit_tokens))  # [W, T]
     for r in rows:
         r["bytes"] = r["path"].stat().st_size

@@ -61,6 +61,16 @@ def check_memory(decoder, cfg: QuantConfig, model: str) -> None:
                    "use fewer --calib-samples or a shorter --calib-seq-len, or a machine with more memory")
 
 
+def with_tune_dtype(cfg: QuantConfig) -> QuantConfig:
+    """cfg naming the dtype that --tune-iters' steps run in on this machine, for the recipe to record."""
+    if not cfg.tune_iters or cfg.tune_dtype is not None:
+        return cfg
+    from compress.calib import compute_device
+    from compress.quant.block_tune import step_dtype
+
+    return replace(cfg, tune_dtype=str(step_dtype(compute_device(), None)).removeprefix("torch."))
+
+
 def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False, verbose: bool = False) -> Path:
     return_freed_memory(QUANTIZE_THRESHOLD)  # freed blocks leave RSS (compress/malloc.py)
     outdir.check_target(output, force)  # fail before the slow part (an empty or unwritable -o too)
@@ -74,11 +84,7 @@ def run_quantize(model: str, cfg: QuantConfig, output: str, force: bool = False,
         print(f"group size {spec.group_size}: {DEFAULT_GROUP_SIZES[0]} does not divide every quantized Linear's in_features")
     dtype = output_dtype(cfg, src)
     check_memory(decoder, cfg, model)
-    if cfg.tune_iters and cfg.tune_dtype is None:  # the manifest records the dtype the steps ran in
-        from compress.calib import compute_device
-        from compress.quant.block_tune import step_dtype
-
-        cfg = replace(cfg, tune_dtype=str(step_dtype(compute_device(), None)).removeprefix("torch."))
+    cfg = with_tune_dtype(cfg)
     calib = None
     if cfg.needs_calibration:
         from compress.calib import calibration_tokens

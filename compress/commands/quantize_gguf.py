@@ -8,7 +8,7 @@ from tqdm import tqdm
 
 from compress import models
 from compress.calib import blocks, compute_device
-from compress.commands.quantize import check_memory, peak_rss_mib
+from compress.commands.quantize import check_memory, peak_rss_mib, with_tune_dtype
 from compress.errors import UserError
 from compress.gguf.export import GgufExport, rounder
 from compress.gguf.family import family
@@ -45,6 +45,7 @@ def run_quantize_gguf(model: str, cfg: QuantConfig, output: str, force: bool = F
     if not ft.quantized:
         print(f"--gguf-type {ft.name}: tensors are written unrounded (--method {cfg.method} does not apply)")
     check_memory(decoder, cfg, model)
+    cfg = with_tune_dtype(cfg)
     calib = None
     if cfg.needs_calibration:
         from compress.calib import calibration_tokens

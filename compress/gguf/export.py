@@ -100,10 +100,10 @@ class GgufExport:
             self.file.write("rope_freqs.weight", freqs)
 
     def round_block(self, i: int, block: torch.nn.Module, hessians: dict | None = None, grams: dict | None = None,
-                    grid: int = 20) -> None:
+                    grid: int = 20, tune: rounding.Tune | None = None) -> None:
         """Round block ``i``'s Linears into their types (rounding.round_linears) and keep their bytes for ``block``."""
         names = {n: self.name(f"model.layers.{i}.{n}.weight") for n in block.linears}
-        raw = rounding.round_linears(block, {n: self.kinds[g] for n, g in names.items()}, hessians, grams, grid)
+        raw = rounding.round_linears(block, {n: self.kinds[g] for n, g in names.items()}, hessians, grams, grid, tune)
         self.rounded |= {names[n]: r for n, r in raw.items()}
 
     def block(self, i: int, block: torch.nn.Module) -> None:
@@ -121,4 +121,4 @@ class GgufExport:
 
 def rounder(export: GgufExport, grid: int) -> Callable:
     """AWQ's per-block finish (awq_apply.awq_block's ``finish``) for layer i: round into the file's types."""
-    return lambda i: lambda block, hessians, grams: export.round_block(i, block, hessians, grams, grid)
+    return lambda i: lambda block, hessians, grams, tune: export.round_block(i, block, hessians, grams, grid, tune)

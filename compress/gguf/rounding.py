@@ -1,6 +1,7 @@
 """One weight into one GGUF type: the type's grid (searched on the output error where AWQ gave group Hessians,
 else our weighted range search) and the codes on it (GPTQ's error feedback where the inputs' E[x x^T] is known,
-else nearest). Returns the type's bytes and the weight they stand for, which the block then computes with.
+else nearest), then moved on that grid to fit the block's output where AWQ's --tune-iters asks (block_tune).
+Returns the type's bytes and the weight they stand for, which the block then computes with.
 
 GPTQ (gptq.py) rounds onto grids w = (q - z) s with one (s, z) per group; a GGUF grid is w = q a + b per group
 with any offset b, so it runs on w - b with s = a, z = 0: the errors, hence the feedback, are the same.
@@ -14,6 +15,7 @@ from tqdm import tqdm
 
 from compress.quant.awq import GridSearch, side_by_side
 from compress.quant.awq_apply import Job
+from compress.quant.block_tune import Rounding
 from compress.quant.gguf_blocks import TYPES, Grid, fit_grid, nearest_codes, pack
 from compress.quant.gguf_search import search_grid
 from compress.quant.gptq import gptq_codes, prepare
@@ -98,30 +100,41 @@ def grid_jobs(kind: str, w: torch.Tensor, importance: torch.Tensor | None, hessi
     return [Job(functools.partial(part, rows)) for rows in spans], lambda: join([parts[r.start] for r in spans])
 
 
-def nearest_on(kind: str, w: torch.Tensor, grid_: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bytes, weight fp32 [O, I]) of w [O, I] rounded to nearest on ``grid_``."""
-    codes = nearest_codes(TYPES[kind], w.float(), grid_)
-    return pack(TYPES[kind], codes, grid_), weight_of(kind, codes, grid_)
-
-
-def on_grid(kind: str, w: torch.Tensor, gram: torch.Tensor, prepared, grid_: Grid) -> tuple[torch.Tensor, torch.Tensor]:
-    """(bytes, weight fp32 [O, I]) of GPTQ's codes for w [O, I] on ``grid_`` given its inputs' E[x x^T] [I, I]
-    (``prepared``: gptq.prepare(gram))."""
+def gptq_on(kind: str, w: torch.Tensor, gram: torch.Tensor, prepared, grid_: Grid) -> torch.Tensor:
+    """uint8 [O, I]: GPTQ's codes for w [O, I] on ``grid_`` given its inputs' E[x x^T] [I, I] (``prepared``:
+    gptq.prepare(gram))."""
     t, w = TYPES[kind], w.float()
-    codes = gptq_codes(w - expand(grid_.b, t.group), gram, grid_.a, torch.zeros_like(grid_.a, dtype=torch.int32),
-                       IntSpec(t.bits, t.group), prepared)
-    return pack(t, codes, grid_), weight_of(kind, codes, grid_)
+    return gptq_codes(w - expand(grid_.b, t.group), gram, grid_.a, torch.zeros_like(grid_.a, dtype=torch.int32),
+                      IntSpec(t.bits, t.group), prepared)
+
+
+def codes_job(kind: str, w: torch.Tensor, gram: torch.Tensor | None, prep: Job | None, grid_of: Callable[[], Grid],
+              searches: list[Job]) -> Job:
+    """A job giving (codes uint8 [O, I], Grid) of w once its grid's ``searches`` (and GPTQ's ``prep``) are done:
+    GPTQ's codes where the gram is known, else nearest."""
+    def run() -> tuple[torch.Tensor, Grid]:
+        grid_ = grid_of()
+        if gram is None:
+            return nearest_codes(TYPES[kind], w.float(), grid_), grid_
+        return gptq_on(kind, w, gram, prep.result, grid_), grid_
+
+    return Job(run, searches if gram is None else [*searches, prep])
+
+
+# Tunes the codes of a block's Linears (name -> block_tune.Rounding) on its output: block_tune.tune_codes, bound.
+Tune = Callable[[dict[str, Rounding]], dict[str, torch.Tensor]]
 
 
 @torch.no_grad()
 def round_linears(block: torch.nn.Module, kinds: dict[str, str], hessians: dict | None = None, grams: dict | None = None,
-                  grid: int = 20) -> dict[str, torch.Tensor]:
+                  grid: int = 20, tune: Tune | None = None) -> dict[str, torch.Tensor]:
     """Round the Linears of ``block`` named in ``kinds`` (name -> type) and make the block compute with the result;
     returns their bytes by name. ``hessians`` (name -> group Hessians) and ``grams`` (name -> E[x x^T]) come from
-    AWQ (awq_apply.awq_block's ``finish``): a Linear with either has its grid searched (grid_jobs), and its codes
-    chosen by GPTQ given its gram, else nearest (AWQ's --rounding nearest); all as one list of jobs side by side as
-    awq_apply.grids_and_codes runs them (widest Linear first; the Linears with one input share its factorization).
-    A Linear with neither is rounded weight only."""
+    AWQ (awq_apply.awq_block's ``finish``): a Linear's grid is searched on its output error or weighted by its
+    inputs where they are known (grid_jobs), and its codes chosen by GPTQ given its gram, else nearest (AWQ's
+    --rounding nearest; RTN); all as one list of jobs side by side as awq_apply.grids_and_codes runs them (widest
+    Linear first; the Linears with one input share its factorization). ``tune`` then moves the codes on their
+    grids to fit the block's output (AWQ's --tune-iters)."""
     hessians, grams = hessians or {}, grams or {}
     weights = {name: block.get_submodule(name).weight for name in kinds}
     jobs, prepared, rounded, out = [], {}, {}, {}
@@ -130,23 +143,20 @@ def round_linears(block: torch.nn.Module, kinds: dict[str, str], hessians: dict 
         if kind in ("F16", "F32"):
             out[name] = unquantized(kind, w)
             continue
-        if gram is None and name not in hessians:
-            out[name] = weight_only(kind, w)
-            continue
         importance = None if gram is None else torch.diagonal(gram).float()
         searches, grid_of = grid_jobs(kind, w, importance, hessians.get(name), grid)
-        if gram is None:
-            rounded[name] = Job(lambda kind=kind, w=w, grid_of=grid_of: nearest_on(kind, w, grid_of()), searches)
-        else:
-            if id(gram) not in prepared:
-                prepared[id(gram)] = Job(functools.partial(prepare, gram))
-                jobs.append(prepared[id(gram)])
-            prep = prepared[id(gram)]
-            rounded[name] = Job(lambda kind=kind, w=w, gram=gram, prep=prep, grid_of=grid_of:
-                                on_grid(kind, w, gram, prep.result, grid_of()), [*searches, prep])
+        if gram is not None and id(gram) not in prepared:
+            prepared[id(gram)] = Job(functools.partial(prepare, gram))
+            jobs.append(prepared[id(gram)])
+        rounded[name] = codes_job(kind, w, gram, prepared.get(id(gram)), grid_of, searches)
         jobs += [*searches, rounded[name]]
     side_by_side(Job.__call__, jobs, next(block.parameters()).device)
-    out |= {name: job.result for name, job in rounded.items()}
+    found = {name: job.result for name, job in rounded.items()}  # name -> (codes, grid)
+    if tune is not None and found:
+        tuned = tune({name: Rounding.start(weights[name], g.a, g.b, codes, TYPES[kinds[name]].qmax)
+                      for name, (codes, g) in found.items()})
+        found = {name: (tuned[name], g) for name, (_, g) in found.items()}
+    out |= {name: (pack(TYPES[kinds[name]], codes, g), weight_of(kinds[name], codes, g)) for name, (codes, g) in found.items()}
     for name, (_, w) in out.items():
         weights[name].copy_(w.to(weights[name].dtype))
     return {name: raw for name, (raw, _) in out.items()}

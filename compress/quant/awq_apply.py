@@ -16,7 +16,7 @@ from compress.calib import BlockDone, block_inputs, blocks, compute_device, reco
 from compress.model.arch import ScaleGroup
 from compress.model.decoder import Decoder, RMSNorm
 from compress.quant.awq import GridSearch, ScaleResult, group_hessians, search_scale, side_by_side
-from compress.quant.block_tune import step_dtype, tune_block
+from compress.quant.block_tune import step_dtype, tune_block, tune_codes
 from compress.quant.config import QuantConfig
 from compress.quant.gptq import gptq_codes, prepare
 from compress.quant.moe_calib import RoutedTokens, all_experts
@@ -137,8 +137,9 @@ def gptq_one(w: torch.Tensor, gram: torch.Tensor, search: GridSearch | None, pre
     return (scale, zero), gptq_codes(w, gram, scale, zero, spec, prep.result)
 
 
-# Rounds a block's Linears once its scales are folded: (block, hessians, grams) with awq_block's dicts.
-Finish = Callable[[nn.Module, dict, dict], None]
+# Rounds a block's Linears once its scales are folded: (block, hessians, grams, tune) with awq_block's dicts; tune
+# (--tune-iters, else None) is block_tune.tune_codes bound to the block's inputs and target.
+Finish = Callable[[nn.Module, dict, dict, Callable | None], None]
 
 
 def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: QuantConfig, head_dim: int, seed: int,
@@ -164,12 +165,13 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
             inv = 1 / expand(res.scales).float()  # [I]: the fold divided the inputs by the scales
             grams |= dict.fromkeys(quantized(block, g), feats[g.module]["gram"] * inv[:, None] * inv[None, :])
     # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
+    dtype = step_dtype(x.device, cfg.tune_dtype)
     if finish is not None:
-        finish(block, hessians, grams)
+        tune = None if target is None else functools.partial(tune_codes, block, x, target, iters=cfg.tune_iters, seed=seed, dtype=dtype)
+        finish(block, hessians, grams, tune)
         return [res for res, _ in found]
     params, codes = grids_and_codes(block, hessians, grams, spec, cfg.grid)
     if target is not None:
-        dtype = step_dtype(x.device, cfg.tune_dtype)
         params, codes = tune_block(block, x, target, params, codes, spec, cfg.tune_iters, seed, dtype)
     quantize_block(block, spec, params, codes)
     return [res for res, _ in found]

@@ -18,6 +18,9 @@ of fp32's at 200 steps (docs/awq.md).
 The grids stay the searched ones. AutoRound also tunes each group's range; here a factor per group's scale, tuned
 the same way, lowered the loss on the rows it was tuned on and raised it on held-out rows (SmolLM2's blocks 1-3,
 2026-12-04), while the offsets alone lowered both (held-out by 6-11 %).
+
+The GGUF export tunes its codes the same way inside each llama.cpp type's blocks, on the grids the type stores
+(compress/gguf/rounding.py): ``tune_codes`` takes any grid w = q a + b.
 """
 
 from contextlib import contextmanager
@@ -37,19 +40,29 @@ RANGE = 0.5  # |offset| stays within this: a code moves at most one step from ne
 
 @dataclass
 class Rounding:
-    """One Linear's codes as a function of offset [O, I]: clamp(round(w / s + offset) + base, 0, qmax) with
-    base = codes - round(w / s), so that a zero offset gives back the codes it started from."""
+    """One Linear's codes as a function of offset [O, I]: clamp(round(u + offset) + base, 0, qmax), where u = (w - b) / a
+    is each weight in steps of its group's grid w = q a + b (a >= 0) and base = codes - round(u), so that a zero offset
+    gives back the codes it started from. Our int grids are w = (q - z) s (``on_int_grid``); a GGUF type's (q a + b
+    with any b, compress/gguf/rounding.py) are taken as they are."""
 
-    w: torch.Tensor  # [O, G, g] fp32, divided by its group's scale
-    scale: torch.Tensor  # [O, G] as given
-    zero: torch.Tensor  # [O, G] int32 as given
+    w: torch.Tensor  # [O, G, g] fp32: u
+    a: torch.Tensor  # [O, G] fp32
+    b: torch.Tensor  # [O, G] fp32
     base: torch.Tensor  # [O, G, g] fp32 (integers)
     qmax: int
 
     @classmethod
-    def start(cls, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, codes: torch.Tensor, spec: IntSpec) -> "Rounding":
-        u = grouped(w.float(), spec.group_size) / scale.float()[..., None]  # [O, G, g]
-        return cls(u, scale, zero, grouped(codes.float(), spec.group_size) - torch.round(u), spec.qmax)
+    def start(cls, w: torch.Tensor, a: torch.Tensor, b: torch.Tensor, codes: torch.Tensor, qmax: int) -> "Rounding":
+        """w, codes [O, I]; a, b [O, G]: the groups are I / G wide. Where a = 0 every code gives b."""
+        g = w.shape[1] // a.shape[1]
+        a, b = a.float(), b.float()
+        u = (grouped(w.float(), g) - b[..., None]) / torch.where(a == 0, 1.0, a)[..., None]  # [O, G, g]
+        return cls(u, a, b, grouped(codes.float(), g) - torch.round(u), qmax)
+
+    @classmethod
+    def on_int_grid(cls, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, codes: torch.Tensor, spec: IntSpec) -> "Rounding":
+        a = scale.float()
+        return cls.start(w, a, -zero.float() * a, codes, spec.qmax)
 
     def unclamped(self, offset: torch.Tensor) -> torch.Tensor:
         """[O, G, g] codes before the clamp (fp32)."""
@@ -64,7 +77,7 @@ class Rounding:
         """([O, I] dequantized weight, [O, I] bool: where a step moves the offset, the code not held by the clamp)."""
         q = self.unclamped(offset)
         moves = ((q >= 0) & (q <= self.qmax)).flatten(1)
-        return q.clamp_(0, self.qmax).sub_(self.zero[..., None]).mul_(self.scale.float()[..., None]).flatten(1), moves
+        return q.clamp_(0, self.qmax).mul_(self.a[..., None]).add_(self.b[..., None]).flatten(1), moves
 
 
 def step_dtype(device: torch.device, name: str | None) -> torch.dtype:
@@ -129,6 +142,15 @@ def descend(block: nn.Module, start: dict[str, Rounding], x: torch.Tensor, targe
     return kept
 
 
+def tune_codes(block: nn.Module, x: torch.Tensor, target: torch.Tensor, start: dict[str, Rounding], iters: int, seed: int,
+               dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
+    """uint8 codes [O, I] of each Linear of ``start`` (name -> its Rounding) after ``iters`` steps in ``dtype``;
+    x, target [N, T, C]."""
+    with frozen(block):
+        kept = descend(block, start, x, target, iters, seed, dtype)
+    return {name: r.codes(kept[name]).to(torch.uint8).flatten(1) for name, r in start.items()}
+
+
 def tune_block(block: nn.Module, x: torch.Tensor, target: torch.Tensor, params: dict, codes: dict, spec: IntSpec,
                iters: int, seed: int, dtype: torch.dtype = torch.float32) -> tuple[dict, dict]:
     """(params, codes) of every Linear of ``block.linears`` after ``iters`` steps in ``dtype``; x, target [N, T, C].
@@ -136,8 +158,6 @@ def tune_block(block: nn.Module, x: torch.Tensor, target: torch.Tensor, params: 
     rounding. The codes come back as uint8 [O, I]."""
     weights = {name: block.get_submodule(name).weight.detach() for name in block.linears}
     params = {name: params.get(name) or qparams(w, spec) for name, w in weights.items()}
-    start = {name: Rounding.start(w, *params[name], codes[name] if name in codes else quantize(w, *params[name], spec), spec)
+    start = {name: Rounding.on_int_grid(w, *params[name], codes[name] if name in codes else quantize(w, *params[name], spec), spec)
              for name, w in weights.items()}
-    with frozen(block):
-        kept = descend(block, start, x, target, iters, seed, dtype)
-    return params, {name: r.codes(kept[name]).to(torch.uint8).flatten(1) for name, r in start.items()}
+    return params, tune_codes(block, x, target, start, iters, seed, dtype)

@@ -79,9 +79,8 @@ class QuantConfig:
             self.rounding = "nearest" if self.method == "awq" and self.tune_iters else ROUNDINGS[0]
         if self.tune_iters < 0:
             raise UserError(f"--tune-iters must be >= 0, got {self.tune_iters}")
-        if self.tune_iters and (self.method != "awq" or self.format == "gguf"):
-            raise UserError(f"--tune-iters applies to --method awq in the compressed-tensors and awq formats, "
-                            f"not --method {self.method} --format {self.format}")
+        if self.tune_iters and self.method != "awq":
+            raise UserError(f"--tune-iters applies to --method awq, not --method {self.method}")
         if self.tune_dtype is not None and self.tune_dtype not in TUNE_DTYPES:
             raise UserError(f"--tune-dtype {self.tune_dtype} is not one of {', '.join(TUNE_DTYPES)}")
         if self.tune_dtype is not None and not self.tune_iters:

@@ -50,3 +50,20 @@ def test_scores_are_computed_once_per_file_and_windows(tmp_path, monkeypatch):
     assert calls == ["llama", "ours"] and row["ppl_llamacpp"] == 21.0
     resumed.score(row, torch.zeros(4, 8), threads=1)  # other windows: scored again
     assert calls == ["llama", "ours"] * 2
+
+
+def test_tuned_awq_files_join_the_4_bit_types_only(tmp_path, monkeypatch):
+    made = []
+
+    def fake(path, *args):
+        made.append((path.name, *args))
+        path.write_bytes(b"x")
+        return 2.0
+
+    monkeypatch.setattr(gc, "ours", lambda model, path, *args: fake(path, *args))
+    monkeypatch.setattr(gc.llamacpp_files, "quantize", lambda f32, path, t, threads: fake(path, t))
+    rows = gc.files_of("m", gc.Files(tmp_path, reuse=False), ["Q4_0", "Q8_0"], tmp_path, None, [], [50], threads=1)
+    assert [r["by"] for r in rows if r["type"] == "Q4_0"] == ["llama.cpp", "compress rtn", "compress awq", "compress awq tune 50"]
+    assert [r["by"] for r in rows if r["type"] == "Q8_0"] == ["llama.cpp", "compress int8"]
+    assert ("compress-awq-tune50-Q4_0.gguf", "awq", "Q4_0", 50) in made
+    assert gc.counts("50, 200", "--tune-iters") == [50, 200] and gc.counts("", "--tune-iters") == []

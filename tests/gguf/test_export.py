@@ -2,6 +2,7 @@
 metadata and llama's q/k row order) they compute what we computed, and each tensor holds our rounding."""
 
 import hashlib
+import json
 
 import gguf
 import numpy as np
@@ -147,11 +148,15 @@ def planted(src_dir, tokenizer_dir):
 
 
 @pytest.mark.parametrize("gguf_type", ["Q4_K_M"])  # Q4_K Linears on searched grids, Q6_K ones on weighted grids
-def test_awq_file_is_closer_to_the_source_than_rtn(tmp_path, monkeypatch, smollm2_dir, data_dir, gguf_type, remembered_rounding):
+def test_awq_file_is_closer_to_the_source_than_rtn_and_tuned_closer_still(tmp_path, monkeypatch, smollm2_dir, data_dir, gguf_type, remembered_rounding):
     monkeypatch.setenv("COMPRESS_CACHE", str(tmp_path / "cache"))
     src = planted(tmp_path / "src", smollm2_dir)
     calib = dict(calib_samples=8, calib_seq_len=128, search_sequences=4, search_tokens=256)
     rtn = read_back(write(src, tmp_path / "rtn.gguf", gguf_type=gguf_type))
     awq = read_back(write(src, tmp_path / "awq.gguf", method="awq", gguf_type=gguf_type, **calib))
-    ref = logits(src)
+    tuned_file = write(src, tmp_path / "tuned.gguf", method="awq", gguf_type=gguf_type, tune_iters=30, **calib)
+    tuned, ref = read_back(tuned_file), logits(src)
     assert (awq - ref).pow(2).mean() < 0.8 * (rtn - ref).pow(2).mean()
+    assert (tuned - ref).pow(2).mean() < 0.9 * (awq - ref).pow(2).mean()
+    recipe = json.loads(bytes(gguf.GGUFReader(tuned_file).fields["compress.recipe"].parts[-1]).decode())
+    assert recipe["quantize"]["tune_iters"] == 30 and recipe["quantize"]["tune_dtype"] in ("float32", "bfloat16")

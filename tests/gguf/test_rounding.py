@@ -1,12 +1,19 @@
-"""round_linears: the codes each AWQ rounding gives inside a GGUF type's blocks, and the block left computing with them."""
+"""round_linears: the codes each AWQ rounding gives inside a GGUF type's blocks (tuned on the block's output too), and
+the block left computing with them."""
+
+import copy
+import functools
 
 import pytest
 import torch
 
 from compress.gguf import rounding
 from compress.quant.awq import group_hessians, search_qparams
-from compress.quant.gguf_blocks import TYPES, fit_grid, nearest_codes
+from compress.quant.block_tune import tune_codes
+from compress.quant.gguf_blocks import TYPES, dequantize, fit_grid, nearest_codes, unpack
 from compress.quant.primitives import IntSpec
+from tests.quant.test_block_tune import block_and_inputs as decoder_block
+from tests.quant.test_block_tune import block_error
 
 
 def block_and_inputs(seed: int = 0):
@@ -69,3 +76,25 @@ def test_weight_only_bytes_alone_are_the_same_bytes(kind):
     raw, weight = rounding.weight_only(kind, w)
     alone, none = rounding.weight_only(kind, w, keep_weight=False, desc="test")
     assert none is None and torch.equal(alone, raw) and weight.shape == w.shape
+
+
+
+@pytest.mark.parametrize("kind", ["Q4_0"])  # Q4_1's offset grids: tests/quant/test_block_tune.py
+def test_tuning_moves_codes_one_step_on_the_same_grids_and_fits_the_block_output(kind):
+    untuned, x, target = decoder_block()  # a Llama block of the planted model, its input [N, T, C] and output
+    tuned = copy.deepcopy(untuned)
+    kinds = dict.fromkeys(untuned.linears, kind)
+    raw = rounding.round_linears(untuned, kinds)
+    tune = functools.partial(tune_codes, tuned, x, target, iters=60, seed=0)
+    raw_tuned = rounding.round_linears(tuned, kinds, tune=tune)
+    t, steps = TYPES[kind], []
+    for n in kinds:
+        width = tuned.get_submodule(n).weight.shape[1]
+        codes, grid = unpack(t, raw[n], width)
+        codes_t, grid_t = unpack(t, raw_tuned[n], width)
+        assert torch.equal(grid.a, grid_t.a) and torch.equal(grid.b, grid_t.b)  # the type's stored numbers stay
+        steps.append((codes_t.int() - codes.int()).flatten())
+        assert torch.equal(tuned.get_submodule(n).weight.detach(), dequantize(t, raw_tuned[n], width))  # computes with the file's weights
+    steps = torch.cat(steps)
+    assert steps.abs().max() == 1 and (steps != 0).float().mean() > 0.01
+    assert block_error(tuned, x, target) < 0.8 * block_error(untuned, x, target)

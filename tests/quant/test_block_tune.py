@@ -30,11 +30,27 @@ def test_a_zero_offset_gives_back_the_codes_it_started_from():
     scale, zero = qparams(w, SPEC)
     moved = torch.randint(-1, 2, w.shape, generator=gen)  # GPTQ moves codes off nearest rounding
     codes = (round_codes(w, scale, zero, SPEC).int() + moved).clamp(0, SPEC.qmax).to(torch.uint8)
-    r = Rounding.start(w, scale, zero, codes, SPEC)
+    r = Rounding.on_int_grid(w, scale, zero, codes, SPEC)
     offset = torch.zeros(w.shape)
     assert torch.equal(r.codes(offset).flatten(1).to(torch.uint8), codes)
-    assert torch.equal(r.weight(offset)[0], dequantize(codes, scale, zero, SPEC.group_size))
+    torch.testing.assert_close(r.weight(offset)[0], dequantize(codes, scale, zero, SPEC.group_size), rtol=0, atol=1e-6)  # q a + b
     assert torch.equal(r.codes(torch.full(w.shape, 0.49)).flatten(1) - codes, (r.codes(torch.full(w.shape, 0.49)).flatten(1) - codes).clamp(0, 1))
+
+
+def test_any_grid_q_a_plus_b_starts_from_its_codes():
+    """GGUF grids (compress/gguf/rounding.py) have offsets b off the step's multiples, and a = 0 where a group is flat."""
+    gen = torch.Generator().manual_seed(1)
+    w = torch.randn(16, 64, generator=gen)
+    a, b = torch.rand(16, 2, generator=gen) * 0.5, torch.randn(16, 2, generator=gen)  # [O, G]
+    a[0, 1] = 0
+    codes = torch.randint(0, 16, w.shape, generator=gen, dtype=torch.uint8)
+    r = Rounding.start(w, a, b, codes, 15)
+    offset = torch.zeros(w.shape)
+    assert torch.equal(r.codes(offset).flatten(1).to(torch.uint8), codes)
+    want = codes.float().view(16, 2, 32) * a[..., None] + b[..., None]
+    assert torch.equal(r.weight(offset)[0], want.flatten(1))
+    near = r.codes(torch.full(w.shape, 0.49)).flatten(1) - r.codes(torch.full(w.shape, -0.49)).flatten(1)
+    assert near[1:].max() == 1 and near[0, 32:].max() == 1  # half a step either way moves a code by at most one
 
 
 def test_the_step_is_the_sign_of_the_straight_through_gradient():
@@ -44,7 +60,7 @@ def test_the_step_is_the_sign_of_the_straight_through_gradient():
     w, x = torch.randn(24, 64, generator=gen), torch.randn(10, 64, generator=gen)
     scale, zero = qparams(w, SPEC)
     codes = (round_codes(w, scale, zero, SPEC).int() + torch.randint(-2, 3, w.shape, generator=gen)).clamp(0, SPEC.qmax)
-    r = Rounding.start(w, scale, zero, codes.to(torch.uint8), SPEC)
+    r = Rounding.on_int_grid(w, scale, zero, codes.to(torch.uint8), SPEC)
     offset = (torch.rand(w.shape, generator=gen) - 0.5).requires_grad_(True)
     u = r.w + offset.view_as(r.w)
     q = (u + (torch.round(u) - u).detach() + r.base).clamp(0, SPEC.qmax)  # straight-through rounding
@@ -117,7 +133,7 @@ def test_quantize_with_tuning_fits_the_model_output_better_than_awq_alone():
 
 @pytest.mark.parametrize("kw, words", [
     (dict(method="rtn", tune_iters=10), "applies to --method awq"),
-    (dict(method="awq", format="gguf", tune_iters=10), "applies to --method awq"),
+    (dict(method="rtn", format="gguf", tune_iters=10), "applies to --method awq"),
     (dict(method="awq", tune_iters=-1), "must be >= 0"),
     (dict(method="awq", tune_dtype="bfloat16"), "give --tune-iters N too"),
     (dict(method="awq", tune_iters=10, tune_dtype="float16"), "is not one of float32, bfloat16"),
