@@ -2,10 +2,10 @@
 
 For each type: (a) llama.cpp's quantizer from the F32 GGUF we write of the same weights, (b) our RTN and (c) our
 AWQ into that type (also with --tune-iters' steps), (d) AutoRound's export where its venv exists
-(compress/bench/autoround.py). Every file, and the F16 and F32 references, is scored twice on the same WikiText-2 windows: by llama.cpp itself
-(llama-cpp-python's logits) and by our engine reading the file (`compress eval FILE.gguf`: the GGUF input
-path, which dequantizes to fp32). Sizes and quantize times beside them; then greedy continuations of the
-README's prompts by both engines on each file.
+(compress/bench/autoround.py). Every file, and the F16 and F32 references, is scored twice on the same WikiText-2
+windows: by llama.cpp itself (llama-cpp-python's logits) and by our engine reading the file (`compress eval
+FILE.gguf`: the GGUF input path, which dequantizes to fp32). Sizes and quantize times beside them; then greedy
+continuations of the README's prompts by both engines on each file.
 
     python -m compress.bench.gguf_compare smollm2-135m --out /tmp/gguf-cmp --types Q4_0,Q4_K_M,Q8_0
 """

@@ -156,7 +156,8 @@ def round_linears(block: torch.nn.Module, kinds: dict[str, str], hessians: dict 
         tuned = tune({name: Rounding.start(weights[name], g.a, g.b, codes, TYPES[kinds[name]].qmax)
                       for name, (codes, g) in found.items()})
         found = {name: (tuned[name], g) for name, (_, g) in found.items()}
-    out |= {name: (pack(TYPES[kinds[name]], codes, g), weight_of(kinds[name], codes, g)) for name, (codes, g) in found.items()}
+    for name, (codes, g) in found.items():
+        out[name] = pack(TYPES[kinds[name]], codes, g), weight_of(kinds[name], codes, g)
     for name, (_, w) in out.items():
         weights[name].copy_(w.to(weights[name].dtype))
     return {name: raw for name, (raw, _) in out.items()}

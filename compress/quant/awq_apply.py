@@ -167,7 +167,8 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
     # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
     dtype = step_dtype(x.device, cfg.tune_dtype)
     if finish is not None:
-        tune = None if target is None else functools.partial(tune_codes, block, x, target, iters=cfg.tune_iters, seed=seed, dtype=dtype)
+        tune = None if target is None else functools.partial(tune_codes, block, x, target, iters=cfg.tune_iters,
+                                                             seed=seed, dtype=dtype)
         finish(block, hessians, grams, tune)
         return [res for res, _ in found]
     params, codes = grids_and_codes(block, hessians, grams, spec, cfg.grid)

@@ -60,7 +60,8 @@ class Rounding:
         return cls(u, a, b, grouped(codes.float(), g) - torch.round(u), qmax)
 
     @classmethod
-    def on_int_grid(cls, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, codes: torch.Tensor, spec: IntSpec) -> "Rounding":
+    def on_int_grid(cls, w: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, codes: torch.Tensor,
+                    spec: IntSpec) -> "Rounding":
         a = scale.float()
         return cls.start(w, a, -zero.float() * a, codes, spec.qmax)
 
