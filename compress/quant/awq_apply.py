@@ -165,7 +165,7 @@ def awq_block(block: nn.Module, x: torch.Tensor, groups, spec: IntSpec, cfg: Qua
             inv = 1 / expand(res.scales).float()  # [I]: the fold divided the inputs by the scales
             grams |= dict.fromkeys(quantized(block, g), feats[g.module]["gram"] * inv[:, None] * inv[None, :])
     # After every fold: v -> o and up -> down rescale the rows of v and up, whose grids are searched here.
-    dtype = step_dtype(x.device, cfg.tune_dtype)
+    dtype = None if target is None else step_dtype(x.device, cfg.tune_dtype)
     if finish is not None:
         tune = None if target is None else functools.partial(tune_codes, block, x, target, iters=cfg.tune_iters,
                                                              seed=seed, dtype=dtype)

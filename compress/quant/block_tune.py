@@ -32,6 +32,7 @@ from torch.func import functional_call
 from tqdm import tqdm
 
 from compress import host
+from compress.quant.gguf_blocks import nonzero
 from compress.quant.primitives import IntSpec, grouped, qparams, quantize
 
 BATCH = 8  # calibration rows per step (AutoRound's default)
@@ -56,7 +57,7 @@ class Rounding:
         """w, codes [O, I]; a, b [O, G]: the groups are I / G wide. Where a = 0 every code gives b."""
         g = w.shape[1] // a.shape[1]
         a, b = a.float(), b.float()
-        u = (grouped(w.float(), g) - b[..., None]) / torch.where(a == 0, 1.0, a)[..., None]  # [O, G, g]
+        u = (grouped(w.float(), g) - b[..., None]) / nonzero(a)[..., None]  # [O, G, g]
         return cls(u, a, b, grouped(codes.float(), g) - torch.round(u), qmax)
 
     @classmethod

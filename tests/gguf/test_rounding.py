@@ -78,7 +78,6 @@ def test_weight_only_bytes_alone_are_the_same_bytes(kind):
     assert none is None and torch.equal(alone, raw) and weight.shape == w.shape
 
 
-
 @pytest.mark.parametrize("kind", ["Q4_0"])  # Q4_1's offset grids: tests/quant/test_block_tune.py
 def test_tuning_moves_codes_one_step_on_the_same_grids_and_fits_the_block_output(kind):
     untuned, x, target = decoder_block()  # a Llama block of the planted model, its input [N, T, C] and output
