@@ -32,8 +32,7 @@ from torch.func import functional_call
 from tqdm import tqdm
 
 from compress import host
-from compress.quant.gguf_blocks import nonzero
-from compress.quant.primitives import IntSpec, grouped, qparams, quantize
+from compress.quant.primitives import IntSpec, grouped, nonzero, qparams, quantize
 
 BATCH = 8  # calibration rows per step (AutoRound's default)
 RANGE = 0.5  # |offset| stays within this: a code moves at most one step from nearest rounding's (plus GPTQ's move)

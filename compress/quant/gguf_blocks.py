@@ -33,6 +33,7 @@ import torch
 
 from compress.quant.gguf_kquants import (QK_K, bytes_half, half_bytes, pack_q4_k, pack_q6_k, subscales, unpack_q4_k,
                                         unpack_q6_k)
+from compress.quant.primitives import nonzero
 
 
 @dataclass(frozen=True)
@@ -250,8 +251,3 @@ def grouped(t: BlockType, w: torch.Tensor) -> torch.Tensor:
     """[O, I] -> [O, I/group, group]."""
     check_width(t, w.shape[1])
     return w.reshape(w.shape[0], -1, t.group)
-
-
-def nonzero(x: torch.Tensor) -> torch.Tensor:
-    """x with its zeros replaced by 1: a divisor for the terms that are 0 anyway."""
-    return torch.where(x == 0, 1.0, x)

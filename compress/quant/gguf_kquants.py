@@ -1,4 +1,5 @@
-"""llama.cpp's K-quant super-blocks (Q4_K, Q6_K): their quantized sub-scales and byte layouts. Imports only torch.
+"""llama.cpp's K-quant super-blocks (Q4_K, Q6_K): their quantized sub-scales and byte layouts. Imports only torch
+and primitives.
 
 The layouts are specified in compress/quant/gguf_blocks.py's docstring, which is the public entry point; this file
 holds what only the 256-weight super-blocks need. Tensors are per super-block: [O, S, ...] for S = I/256 of each row.
@@ -6,6 +7,8 @@ Codes here are ggml's own ("native": w = s*q + o with the signed per-group scale
 """
 
 import torch
+
+from compress.quant.primitives import nonzero
 
 QK_K = 256
 
@@ -41,8 +44,7 @@ def subscales(x: torch.Tensor, lo: int, hi: int, weight: torch.Tensor | None = N
 
 
 def _levels(x: torch.Tensor, d: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
-    safe = torch.where(d == 0, 1.0, d)  # d = 0: every level gives 0
-    return torch.round(x / safe[..., None]).clamp(lo, hi)
+    return torch.round(x / nonzero(d)[..., None]).clamp(lo, hi)  # d = 0: every level gives 0
 
 
 def _try_scale(x, d, lo, hi, weight, best) -> None:

@@ -5,7 +5,8 @@ least squares, then fitted to what the type stores. Imports only torch.
 
 import torch
 
-from compress.quant.gguf_blocks import BlockType, Grid, check_width, grid_of, grouped, nonzero, stored_numbers, upward
+from compress.quant.gguf_blocks import BlockType, Grid, check_width, grid_of, grouped, stored_numbers, upward
+from compress.quant.primitives import nonzero
 
 CHUNK = 2**17  # weights searched at a time (whole rows): fewer made the many small ops of 576-wide rows 2x slower
 SUBSCALE_STEPS = 32  # a searched grid's sub-scales: d = max / k for the 32 k nearest the top level (gguf_kquants:

@@ -80,3 +80,8 @@ def pseudo_quantize(w: torch.Tensor, spec: IntSpec, params: tuple[torch.Tensor, 
     """
     scale, zero = params if params is not None else qparams(w, spec)
     return dequantize(quantize(w, scale, zero, spec), scale, zero, spec.group_size).to(w.dtype)
+
+
+def nonzero(x: torch.Tensor) -> torch.Tensor:
+    """x with its zeros replaced by 1: a divisor for the terms that are 0 anyway."""
+    return torch.where(x == 0, 1.0, x)
