@@ -5,8 +5,8 @@
 Calibrates on C4 (``--calib-samples`` x 512 tokens), counts the outlier input dims (calibration
 max |x| >= threshold) per Linear type, plots max |x| per input dim of one Linear (PNG under
 --out), and prints WikiText-2 perplexity (2048-token windows) for fp32, int8 without the split
-(per-token x per-row absmax), int8 with the split, the split with SmoothQuant migration (the
-default of ``--method int8``), fp8 dynamic, fp8 with static input scales, and where fp8's loss
+(per-token x per-row absmax), int8 with the split, the split with SmoothQuant migration (one step
+per token), the split with x's steps per 32 inputs (the default of ``--method int8``), fp8 dynamic, fp8 with static input scales, and where fp8's loss
 comes from: e4m3 weights alone (activations unrounded) and e4m3 per-token activations alone.
 """
 
@@ -82,12 +82,15 @@ def main(model, out, limit_tokens, calib_samples, outlier_threshold, smooth_alph
     plot_absmax(stats[plot_layer], plot_layer, outlier_threshold, png)
 
     split_label = f"int8, split (max abs(x) >= {outlier_threshold:g})"
-    smooth = QuantConfig(method="int8", outlier_threshold=outlier_threshold, smooth_alpha=smooth_alpha)
+    smooth = QuantConfig(method="int8", outlier_threshold=outlier_threshold, smooth_alpha=smooth_alpha, act_group_size=0)
+    plain = QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0, act_group_size=0)
+    blocks = QuantConfig(method="int8", outlier_threshold=outlier_threshold)
     ppl = {
         "fp32": ppl_of(src, None, calib, tokens, pcfg, "fp32"),
-        "int8, no split": ppl_of(src, QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0), calib, tokens, pcfg, "int8 no split"),
+        "int8, no split": ppl_of(src, plain, calib, tokens, pcfg, "int8 no split"),
         split_label: perplexity(split, tokens, pcfg, desc="int8 split"),
-        f"int8, split + SmoothQuant alpha {smooth_alpha:g} (--method int8)": ppl_of(src, smooth, calib, tokens, pcfg, "int8 smooth"),
+        f"int8, split + SmoothQuant alpha {smooth_alpha:g}": ppl_of(src, smooth, calib, tokens, pcfg, "int8 smooth"),
+        "int8, split, x's steps per 32 inputs (--method int8)": ppl_of(src, blocks, calib, tokens, pcfg, "int8 blocks"),
         "fp8 e4m3, dynamic per-token": ppl_of(src, QuantConfig(method="fp8"), calib, tokens, pcfg, "fp8"),
         "fp8 e4m3, static per-tensor": ppl_of(src, QuantConfig(method="fp8", static_activations=True), calib, tokens, pcfg, "fp8 static"),
         "fp8: e4m3 weights only": ppl_changed(src, fp8_weights_only, tokens, pcfg, "fp8 weights"),

@@ -10,7 +10,7 @@ from compress.calib import BlockDone
 from compress.errors import UserError
 from compress.model.decoder import Decoder
 from compress.quant.awq_apply import awq_quantize
-from compress.quant.config import INT_METHODS, QuantConfig
+from compress.quant.config import ACT_GROUPS, INT_METHODS, QuantConfig
 from compress.quant.fp8 import Fp8Spec
 from compress.quant.fp8_apply import fp8_quantize
 from compress.quant.int8 import Int8Spec
@@ -52,9 +52,18 @@ def int8_spec(model: Decoder, cfg: QuantConfig) -> Int8Spec:
         narrow = min(m.in_features for m in quantized_linears(model).values())
         if cfg.outlier_topk > narrow:
             raise UserError(f"--outlier-topk {cfg.outlier_topk} is larger than the narrowest Linear input ({narrow} features)")
-    if cfg.act_group_size and any(m.in_features % cfg.act_group_size for m in quantized_linears(model).values()):
-        raise UserError(f"--act-group-size {cfg.act_group_size} does not divide every Linear's inputs; try 32 or 16")
-    return Int8Spec(cfg.outlier_threshold, cfg.outlier_topk, cfg.smooth_alpha, cfg.act_group_size)
+    return Int8Spec(cfg.outlier_threshold, cfg.outlier_topk, cfg.smooth_alpha, act_group(model, cfg.act_group_size))
+
+
+def act_group(model: Decoder, size: int | None) -> int:
+    """int8's x steps per block of ``size`` inputs (0: per token); None: the first of ACT_GROUPS dividing every input."""
+    widths = {m.in_features for m in quantized_linears(model).values()}
+    fits = [g for g in ((size,) if size is not None else ACT_GROUPS) if not g or all(w % g == 0 for w in widths)]
+    if not fits:
+        tried = size if size is not None else " or ".join(map(str, ACT_GROUPS))
+        raise UserError(f"--act-group-size {tried} does not divide every Linear's inputs ({', '.join(map(str, sorted(widths)))}); "
+                        "pass --act-group-size 0 for one step per token")
+    return fits[0]
 
 
 def method_spec(model: Decoder, cfg: QuantConfig) -> Spec:

@@ -7,7 +7,8 @@ from compress.errors import UserError
 METHODS = ("awq", "rtn", "int8", "fp8")
 INT_METHODS = ("awq", "rtn")  # group-quantized int4/int3
 OUTLIER_THRESHOLD = 6.0  # LLM.int8's |x| threshold
-SMOOTH_ALPHA = 0.7  # int8: SmoothQuant migration strength on the norm-fed Linears (docs/formats.md)
+SMOOTH_ALPHA = 0.7  # int8 with one step per token: SmoothQuant migration strength on the norm-fed Linears
+ACT_GROUPS = (32, 16)  # int8: x's steps per block of inputs, the first that divides every Linear (docs/formats.md)
 FORMATS = ("compressed-tensors", "awq", "gguf")
 ROUNDINGS = ("gptq", "nearest")  # awq, fp8: how weights meet their grid; default the first (awq --tune-iters: nearest)
 ROUNDED_METHODS = ("awq", "fp8")  # the methods --rounding applies to
@@ -39,8 +40,9 @@ class QuantConfig:
     outlier_threshold: float = OUTLIER_THRESHOLD  # int8: input dims whose calibration max |x| reaches this stay in fp16
     outlier_topk: int | None = None  # int8: instead, the K largest dims per Linear (0 = no split)
     static_activations: bool = False  # fp8: calibrated per-tensor input scales instead of per-token
-    smooth_alpha: float = SMOOTH_ALPHA  # int8: 0 = no SmoothQuant migration
-    act_group_size: int = 0  # int8: x's steps per token and block of this many inputs; 0 = one step per token
+    smooth_alpha: float | None = None  # int8: SmoothQuant strength, 0 = none; None: 0 with per-block steps, else 0.7
+    act_group_size: int | None = None  # int8: x's steps per token and block of this many inputs; 0 = one step per
+    # token; None: the first of ACT_GROUPS that divides every Linear's inputs (apply.int8_spec)
     dtype: str | None = None  # stored dtype of unquantized tensors and scales; None: the source checkpoint's
     gguf_type: str | None = None  # --format gguf: llama.cpp's file type; None: Q4_K_M for 4 bits, Q8_0 for int8
     ignore: list[str] = field(default_factory=list)  # Linears kept unquantized: full names or re:REGEX (ignore.py)
@@ -104,15 +106,16 @@ class QuantConfig:
             raise UserError(f"--outlier-topk must be >= 0, got {self.outlier_topk}")
         if self.method != "int8" and (self.outlier_topk is not None or self.outlier_threshold != OUTLIER_THRESHOLD):
             raise UserError(f"--outlier-threshold and --outlier-topk apply to --method int8, not {self.method}")
-        if not 0 <= self.smooth_alpha <= 1:
-            raise UserError(f"--smooth-alpha must be in [0, 1], got {self.smooth_alpha}")
-        if self.method != "int8" and self.smooth_alpha != SMOOTH_ALPHA:
-            raise UserError(f"--smooth-alpha applies to --method int8, not {self.method}")
+        if self.method != "int8" and (self.smooth_alpha is not None or self.act_group_size is not None):
+            raise UserError(f"--smooth-alpha and --act-group-size apply to --method int8, not {self.method}")
         g = self.act_group_size
         if g and (g < 16 or g & (g - 1)):
             raise UserError(f"--act-group-size must be a power of two >= 16 (0: one step per token), got {g}")
-        if g and self.method != "int8":
-            raise UserError(f"--act-group-size applies to --method int8, not {self.method}")
+        if self.method == "int8" and self.smooth_alpha is None:
+            # smoothing helps one step per token; with steps per block it only coarsens the weights (docs/formats.md)
+            self.smooth_alpha = SMOOTH_ALPHA if g == 0 else 0.0
+        if self.smooth_alpha is not None and not 0 <= self.smooth_alpha <= 1:
+            raise UserError(f"--smooth-alpha must be in [0, 1], got {self.smooth_alpha}")
         if self.static_activations and self.method != "fp8":
             raise UserError(f"--static-activations applies to --method fp8, not {self.method}")
         if self.method == "fp8":

@@ -63,7 +63,7 @@ def int8_config(spec: Int8Spec, arch: Arch, ignore: list[str]) -> dict:
         "input_activations": {"num_bits": 8, "type": "int", "symmetric": True, "dynamic": True}
         | ({"strategy": "group", "group_size": spec.act_group} if spec.act_group else {"strategy": "token"}),
         "outliers": {"threshold": spec.outlier_threshold, "topk": spec.outlier_topk, "dtype": "float16"},
-        "smoothing": {"alpha": spec.smooth_alpha, "folded_into": ", ".join(smoothed_norms(arch))},
+        "smoothing": {"alpha": spec.smooth_alpha, "folded_into": ", ".join(smoothed_norms(arch) if spec.smooth_alpha else [])},
         "ignore": ignore,
     }
 

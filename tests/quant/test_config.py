@@ -17,10 +17,11 @@ from compress.quant.config import QuantConfig
         (dict(method="int8", outlier_topk=-1), "--outlier-topk must be >= 0"),
         (dict(method="int8", outlier_threshold=-2.0), "--outlier-threshold must be > 0"),
         (dict(method="int8", smooth_alpha=1.5), "--smooth-alpha must be in \\[0, 1\\]"),
-        (dict(method="fp8", smooth_alpha=0.3), "--smooth-alpha applies to --method int8"),
+        (dict(method="fp8", smooth_alpha=0.3), "--smooth-alpha and --act-group-size apply to --method int8"),
         (dict(method="int8", act_group_size=48), "--act-group-size must be a power of two >= 16"),
         (dict(method="int8", act_group_size=8), "--act-group-size must be a power of two >= 16"),
-        (dict(method="awq", act_group_size=32), "--act-group-size applies to --method int8"),
+        (dict(method="awq", act_group_size=32), "--smooth-alpha and --act-group-size apply to --method int8"),
+        (dict(method="int8", act_group_size=0, smooth_alpha=-0.1), "--smooth-alpha must be in \\[0, 1\\]"),
         (dict(method="rtn", rounding="gptq"), "--rounding applies to --method awq"),
         (dict(method="awq", rounding="stochastic"), "--rounding stochastic is not one of gptq, nearest"),
     ],
@@ -32,11 +33,20 @@ def test_bad_int8_fp8_options(kwargs, fragment):
 
 def test_calibration_only_when_a_statistic_is_needed():
     assert QuantConfig(method="int8").needs_calibration
-    assert QuantConfig(method="int8", outlier_topk=0).needs_calibration  # smoothing needs the statistics
-    assert not QuantConfig(method="int8", outlier_topk=0, smooth_alpha=0.0).needs_calibration
+    assert QuantConfig(method="int8", outlier_topk=0, act_group_size=0).needs_calibration  # smoothing needs the statistics
+    assert not QuantConfig(method="int8", outlier_topk=0).needs_calibration  # steps per block: no smoothing
+    assert not QuantConfig(method="int8", outlier_topk=0, act_group_size=0, smooth_alpha=0.0).needs_calibration
     assert QuantConfig(method="fp8").needs_calibration  # GPTQ rounding needs the inputs' second moments
     assert not QuantConfig(method="fp8", rounding="nearest").needs_calibration
     assert QuantConfig(method="fp8", rounding="nearest", static_activations=True).needs_calibration
+
+
+def test_int8_smooths_only_with_one_step_per_token():
+    assert QuantConfig(method="int8").smooth_alpha == 0.0 and QuantConfig(method="int8").act_group_size is None
+    assert QuantConfig(method="int8", act_group_size=0).smooth_alpha == 0.7
+    assert QuantConfig(method="int8", act_group_size=16).smooth_alpha == 0.0
+    assert QuantConfig(method="int8", act_group_size=0, smooth_alpha=0.4).smooth_alpha == 0.4
+    assert QuantConfig(method="awq").smooth_alpha is None
 
 
 @pytest.mark.parametrize("method", ["awq", "fp8"])

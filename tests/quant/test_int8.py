@@ -79,8 +79,22 @@ def test_act_group_size_must_divide_every_linear(tmp_path):
         quantize(load_model(planted_model(tmp_path)), QuantConfig(method="int8", smooth_alpha=0.0, act_group_size=128))
 
 
+def test_default_steps_are_the_widest_block_dividing_every_linear(tmp_path):
+    model = load_model(planted_model(tmp_path))
+    quantize(model, QuantConfig(method="int8"), calib_tokens())
+    q = model.model.layers[0].self_attn.q_proj
+    assert q.act_group == 32 and model.model.layers[0].self_attn.q_proj.in_features == 64
+
+
+def test_default_steps_refuse_widths_no_block_divides(tmp_path):
+    hf = tiny_hf("llama", intermediate_size=120)  # down_proj's 120 inputs: 8 x 15, neither 32 nor 16 divides
+    with pytest.raises(UserError, match="--act-group-size 32 or 16 does not divide .*pass --act-group-size 0"):
+        quantize(load_model(save_hf(hf, tmp_path / "src")), QuantConfig(method="int8"), calib_tokens())
+
+
 def test_split_beats_no_split(tmp_path):
-    errors = relative_errors(tmp_path, {k: QuantConfig(method="int8", outlier_topk=k, smooth_alpha=0.0) for k in (None, 0)})
+    errors = relative_errors(tmp_path, {k: QuantConfig(method="int8", outlier_topk=k, smooth_alpha=0.0, act_group_size=0)
+                                        for k in (None, 0)})
     assert errors[None] * 2 < errors[0], errors
 
 
@@ -122,5 +136,6 @@ def test_smoothing_folds_exactly_and_rescales_the_statistics(tmp_path):
 
 
 def test_smoothing_beats_plain_int8_without_a_split(tmp_path):
-    errors = relative_errors(tmp_path, {a: QuantConfig(method="int8", outlier_threshold=1e9, smooth_alpha=a) for a in (0.0, 0.5)})
+    errors = relative_errors(tmp_path, {a: QuantConfig(method="int8", outlier_threshold=1e9, smooth_alpha=a, act_group_size=0)
+                                        for a in (0.0, 0.5)})
     assert errors[0.5] * 1.5 < errors[0.0], errors
