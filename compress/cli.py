@@ -58,12 +58,8 @@ def cli(ctx):
               help="int8: input dims whose calibration max |x| reaches this stay in fp16")
 @click.option("--outlier-topk", type=int, default=None, help="int8: instead, keep the K largest dims per Linear (0: no split)")
 @click.option("--static-activations", is_flag=True, help="fp8: calibrated per-tensor input scales instead of dynamic per-token")
-@click.option("--smooth-alpha", type=float, default=None,
-              help=f"int8: SmoothQuant migration strength on the norm-fed Linears, 0: none [default: 0, or {SMOOTH_ALPHA} "
-                   "with --act-group-size 0]")
-@click.option("--act-group-size", type=int, default=None,
-              help="int8: x's steps per token and block of this many inputs, a power of two >= 16, 0: one per token "
-                   "[default: 32, or 16 where 32 does not divide every Linear's inputs]")
+@click.option("--smooth-alpha", type=float, help=f"int8: SmoothQuant strength, 0: none [default: 0; {SMOOTH_ALPHA} per token]")
+@click.option("--act-group-size", type=int, help="int8: x's steps per token and G inputs, 0: per token [default: 32 or 16]")
 @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
               help="dtype of the stored unquantized tensors (embeddings, norms, lm_head) and scales [default: the source's]")
 @click.option("--ignore", multiple=True, help="repeatable: keep this Linear unquantized, by full name or re:REGEX (docs/cli.md)")
