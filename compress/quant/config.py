@@ -143,9 +143,9 @@ class QuantConfig:
                             "with --bits 4, or --gguf-type Q8_0 for 8 bits)")
         if ft.bits == 8 and self.method == "awq":
             raise UserError("--gguf-type Q8_0 takes --method int8 or rtn (8-bit rounding needs no AWQ search)")
-        if self.group_size is not None or self.symmetric or self.dtype is not None:
-            raise UserError(f"--group-size, --symmetric and --dtype do not apply to --format gguf: {ft.name} fixes its own "
-                            "blocks, scales and dtypes")
+        if self.group_size is not None or self.symmetric or self.dtype is not None or self.act_group_size or self.smooth_alpha:
+            raise UserError(f"--group-size, --symmetric, --dtype, --act-group-size and --smooth-alpha do not apply to --format "
+                            f"gguf: {ft.name} fixes its own blocks, scales and dtypes, and llama.cpp rounds x itself")
 
     @property
     def gguf_calibrates(self) -> bool:

@@ -21,6 +21,8 @@ def src(tmp_path_factory, smollm2_dir):
     (["--format", "gguf", "--method", "int8", "--gguf-type", "Q4_K_M"], "--method int8 does not fit it"),
     (["--format", "gguf", "--method", "awq", "--gguf-type", "Q8_0"], "Q8_0 takes --method int8 or rtn"),
     (["--format", "gguf", "--group-size", "64"], "do not apply to --format gguf"),
+    (["--format", "gguf", "--method", "int8", "--act-group-size", "16"], "--act-group-size and --smooth-alpha do not apply"),
+    (["--format", "gguf", "--method", "int8", "--smooth-alpha", "0.5"], "--act-group-size and --smooth-alpha do not apply"),
 ])
 def test_a_type_that_does_not_fit_the_method_is_one_line(monkeypatch, capsys, tmp_path, src, argv, expect):
     out = tmp_path / "m.gguf"
