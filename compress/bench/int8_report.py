@@ -7,7 +7,8 @@ max |x| >= threshold) per Linear type, plots max |x| per input dim of one Linear
 --out), and prints WikiText-2 perplexity (2048-token windows) for fp32, int8 without the split
 (per-token x per-row absmax), int8 with the split, the split with SmoothQuant migration (one step
 per token), the split with x's steps per 32 inputs (the default of ``--method int8``), fp8 dynamic,
-fp8 with static input scales, and where fp8's loss comes from: e4m3 weights alone (activations unrounded) and e4m3 per-token activations alone.
+fp8 with static input scales, and where fp8's loss comes from: e4m3 weights alone (activations
+unrounded) and e4m3 per-token activations alone.
 """
 
 from pathlib import Path

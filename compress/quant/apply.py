@@ -57,13 +57,15 @@ def int8_spec(model: Decoder, cfg: QuantConfig) -> Int8Spec:
 
 def act_group(model: Decoder, size: int | None) -> int:
     """int8's x steps per block of ``size`` inputs (0: per token); None: the first of ACT_GROUPS dividing every input."""
+    if size == 0:
+        return 0
+    sizes = ACT_GROUPS if size is None else (size,)
     widths = {m.in_features for m in quantized_linears(model).values()}
-    fits = [g for g in ((size,) if size is not None else ACT_GROUPS) if not g or all(w % g == 0 for w in widths)]
-    if not fits:
-        tried = size if size is not None else " or ".join(map(str, ACT_GROUPS))
-        raise UserError(f"--act-group-size {tried} does not divide every Linear's inputs ({', '.join(map(str, sorted(widths)))}); "
-                        "pass --act-group-size 0 for one step per token")
-    return fits[0]
+    g = default_group_size(widths, sizes)
+    if g is None:
+        raise UserError(f"--act-group-size {' or '.join(map(str, sizes))} does not divide every Linear's inputs "
+                        f"({', '.join(map(str, sorted(widths)))}); pass --act-group-size 0 for one step per token")
+    return g
 
 
 def method_spec(model: Decoder, cfg: QuantConfig) -> Spec:

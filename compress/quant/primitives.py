@@ -30,9 +30,9 @@ class IntSpec:
 DEFAULT_GROUP_SIZES = (128, 64, 32)
 
 
-def default_group_size(widths: set[int]) -> int | None:
-    """128 if it divides every in_features in ``widths``, else 64, else 32 (None if none does)."""
-    return next((g for g in DEFAULT_GROUP_SIZES if all(w % g == 0 for w in widths)), None)
+def default_group_size(widths: set[int], sizes: tuple[int, ...] = DEFAULT_GROUP_SIZES) -> int | None:
+    """The first of ``sizes`` (128, else 64, else 32) that divides every in_features in ``widths``; None if none does."""
+    return next((g for g in sizes if all(w % g == 0 for w in widths)), None)
 
 
 def grouped(w: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -83,7 +83,7 @@ def test_default_steps_are_the_widest_block_dividing_every_linear(tmp_path):
     model = load_model(planted_model(tmp_path))
     quantize(model, QuantConfig(method="int8"), calib_tokens())
     q = model.model.layers[0].self_attn.q_proj
-    assert q.act_group == 32 and model.model.layers[0].self_attn.q_proj.in_features == 64
+    assert q.act_group == 32 and q.in_features == 64
 
 
 def test_default_steps_refuse_widths_no_block_divides(tmp_path):
